@@ -1,0 +1,1 @@
+"""The fsdptrace command line."""

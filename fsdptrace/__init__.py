@@ -1,0 +1,50 @@
+"""fsdptrace: a flight recorder and post-mortem analyzer for PyTorch FSDP2 training jobs.
+
+``fsdptrace.attach`` records (light: torch and pyarrow only); ``fsdptrace.load`` and
+``fsdptrace.analyze`` read and check a run dir (they import pandas on first use, so a training
+process that only records never pays for it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fsdptrace.errors import FsdptraceError, LifecycleError, RunDirError
+from fsdptrace.version import __version__
+
+if TYPE_CHECKING:
+    from fsdptrace.analysis import analyze
+    from fsdptrace.record.attach import attach
+    from fsdptrace.record.recorder import Recorder
+    from fsdptrace.trace import Trace, load
+
+_LAZY = {
+    "attach": ("fsdptrace.record.attach", "attach"),
+    "Recorder": ("fsdptrace.record.recorder", "Recorder"),
+    "load": ("fsdptrace.trace", "load"),
+    "Trace": ("fsdptrace.trace", "Trace"),
+    "analyze": ("fsdptrace.analysis", "analyze"),
+}
+
+__all__ = [
+    "FsdptraceError",
+    "LifecycleError",
+    "Recorder",
+    "RunDirError",
+    "Trace",
+    "__version__",
+    "analyze",
+    "attach",
+    "load",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fsdptrace' has no attribute {name!r}")

@@ -1,0 +1,19 @@
+"""Exceptions fsdptrace raises: one base class, so callers can catch everything at once."""
+
+from __future__ import annotations
+
+
+class FsdptraceError(Exception):
+    """Base of every error fsdptrace raises on purpose."""
+
+
+class RunDirError(FsdptraceError, ValueError):
+    """A run dir is missing, empty, corrupt or written in a format this version cannot read."""
+
+
+class LifecycleError(FsdptraceError, RuntimeError):
+    """Live checks found an unsafe FSDP lifecycle; the optimizer step was not executed."""
+
+    def __init__(self, message: str, findings: object = None) -> None:
+        super().__init__(message)
+        self.findings = findings

@@ -1,0 +1,1 @@
+"""The in-process recorder. Imports torch and pyarrow only: never pandas or click."""

@@ -1,0 +1,103 @@
+"""``fsdptrace.attach``: the one line a training script adds."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from fsdptrace.errors import FsdptraceError
+from fsdptrace.record.backends.base import Backend
+from fsdptrace.record.recorder import DEFAULT_RUNS_ROOT, RUN_DIR_ENV, Recorder
+from fsdptrace.record.writer import DEFAULT_FLUSH_INTERVAL_S
+
+STEPS_ENV = "FSDPTRACE_STEPS"
+RAISE_ENV = "FSDPTRACE_RAISE"
+
+
+def resolve_run_dir(run_dir: str | os.PathLike[str] | None) -> Path:
+    """``run_dir``, else ``$FSDPTRACE_RUN_DIR``, else a new ``./fsdptrace_runs/<timestamp>``."""
+    if run_dir is not None:
+        return Path(run_dir)
+    from_env = os.environ.get(RUN_DIR_ENV)
+    if from_env:
+        return Path(from_env)
+    # torchrun sets TORCHELASTIC_RUN_ID for all ranks alike; use it so ranks share a folder.
+    stamp = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
+    return Path(DEFAULT_RUNS_ROOT) / stamp
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    dist = torch.distributed
+    initialized = dist.is_available() and dist.is_initialized()
+    if rank is None:
+        rank = dist.get_rank() if initialized else int(os.environ.get("RANK", 0))
+    if world_size is None:
+        world_size = dist.get_world_size() if initialized else int(os.environ.get("WORLD_SIZE", 1))
+    return rank, world_size
+
+
+def select_backend(parts: Sequence[nn.Module]) -> Backend:
+    """HSDP when any module carries an ``hsdp_scheduler``, else torch FSDP2."""
+    from fsdptrace.record.backends.hsdp import HSDPBackend, has_hsdp_units
+
+    if has_hsdp_units(parts):
+        return HSDPBackend()
+    from fsdptrace.record.backends.fsdp2 import FSDP2Backend, has_fsdp2_units
+
+    if not has_fsdp2_units(parts):
+        raise FsdptraceError(
+            "no FSDP units found in the model parts: call fsdptrace.attach after fully_shard "
+            "(or on modules that carry an hsdp_scheduler)"
+        )
+    return FSDP2Backend()
+
+
+def attach(
+    model_parts: nn.Module | Sequence[nn.Module],
+    *,
+    run_dir: str | os.PathLike[str] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    raise_on_violation: bool | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    steps: str | None = None,
+    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+) -> Recorder:
+    """Start recording the FSDP units of ``model_parts`` on this rank.
+
+    ``model_parts`` is the root module, or a list of them (pipeline stages on one rank).
+    Given ``optimizer``, boundaries are found automatically (a micro-step begins at each root
+    forward; the step ends in the optimizer's step pre-hook). Otherwise call
+    ``begin_micro_step`` / ``before_optimizer_step`` yourself. ``steps`` limits recording to
+    chosen optimizer steps (``"10:20"``, ``"::5"``). With ``raise_on_violation``, checks 1-3
+    run before each optimizer step and raise ``fsdptrace.LifecycleError`` on an error.
+    """
+    parts = [model_parts] if isinstance(model_parts, nn.Module) else list(model_parts)
+    if not parts:
+        raise FsdptraceError("attach needs at least one model part")
+    rank, world_size = _rank_and_world(rank, world_size)
+    if raise_on_violation is None:
+        raise_on_violation = os.environ.get(RAISE_ENV, "") not in ("", "0")
+    if steps is None:
+        steps = os.environ.get(STEPS_ENV) or None
+    from fsdptrace.record import registry
+
+    registry.forget(parts)
+    recorder = Recorder(
+        parts,
+        select_backend(parts),
+        run_dir=resolve_run_dir(run_dir),
+        rank=rank,
+        world_size=world_size,
+        optimizer=optimizer,
+        raise_on_violation=raise_on_violation,
+        steps=steps,
+        flush_interval_s=flush_interval_s,
+    )
+    registry.remember(parts, recorder)
+    return recorder

@@ -1,0 +1,1 @@
+"""FSDP implementations the recorder can read from."""

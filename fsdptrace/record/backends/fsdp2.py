@@ -1,0 +1,218 @@
+"""Torch FSDP2 (``fully_shard``) backend.
+
+FSDP2 has setters for prefetch but no getters, so this module reads private attributes
+(``_states_to_forward_prefetch``, ``_fsdp_param_groups``, ``_all_gather_result``,
+``_unsharded_param``...). Every read goes through ``getattr`` with a default: torch moves these
+between releases, and a moved attribute must cost us data, never the job. Facts and their
+experiments: ``shared/research/fsdp2_internals.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from fsdptrace.record.backends.base import (
+    GradientPresence,
+    InstanceAttributePatch,
+    PendingAllGather,
+    Unit,
+    unit_name,
+    untracked_name,
+)
+
+try:
+    from torch.distributed.fsdp import FSDPModule
+except ImportError:  # torch < 2.6 kept FSDP2 under _composable
+    from torch.distributed._composable.fsdp import FSDPModule  # type: ignore[no-redef]
+
+_PREFETCH_ATTR = {
+    "forward": "_states_to_forward_prefetch",
+    "backward": "_states_to_backward_prefetch",
+}
+
+
+def _fsdp_state(module: nn.Module) -> Any:
+    getter = getattr(module, "_get_fsdp_state", None)
+    return getter() if getter is not None else None
+
+
+def param_groups(state: Any) -> list[Any]:
+    """The state's parameter groups, across the single-group and list layouts of torch."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "__dict__", {}).get("_fsdp_param_group")
+    return [group] if group is not None else []
+
+
+def _param_label(fsdp_param: Any, index: int, names: list[str]) -> str:
+    fqn = getattr(fsdp_param, "_param_fqn", None)
+    if fqn:
+        return str(fqn)
+    return names[index] if index < len(names) else f"param[{index}]"
+
+
+def has_fsdp2_units(parts: Sequence[nn.Module]) -> bool:
+    return any(isinstance(m, FSDPModule) for part in parts for m in part.modules())
+
+
+class FSDP2Backend:
+    """Reads units, prefetch edges, gradients and pending all-gathers from torch FSDP2."""
+
+    name = "fsdp2"
+    watch_backward_in_recompute = True
+
+    def __init__(self) -> None:
+        self._name_by_state: dict[int, str] = {}
+
+    def discover_units(self, parts: Sequence[nn.Module]) -> list[Unit]:
+        units: list[Unit] = []
+        for part_index, part in enumerate(parts):
+            fqns_by_state: dict[int, list[str]] = {}
+            state_by_id: dict[int, Any] = {}
+            modules_by_state: dict[int, list[nn.Module]] = {}
+            for fqn, module in part.named_modules(remove_duplicate=False):
+                if not isinstance(module, FSDPModule):
+                    continue
+                state = _fsdp_state(module)
+                if state is None or id(state) in self._name_by_state:
+                    continue
+                key = id(state)
+                if fqn in fqns_by_state.get(key, []):
+                    continue
+                state_by_id[key] = state
+                fqns_by_state.setdefault(key, []).append(fqn)
+                if module not in modules_by_state.setdefault(key, []):
+                    modules_by_state[key].append(module)
+            for key, fqns in fqns_by_state.items():
+                fqn = ",".join(fqns)
+                name = unit_name(part_index, fqn, num_parts=len(parts))
+                units.append(self._make_unit(len(units), name, part_index, fqn, state_by_id[key],
+                                             tuple(modules_by_state[key])))
+        for unit in units:
+            self._name_by_state[id(unit.handle)] = unit.name
+        return units
+
+    def _make_unit(
+        self, index: int, name: str, part: int, fqn: str, state: Any, modules: tuple[nn.Module, ...]
+    ) -> Unit:
+        param_names: list[str] = []
+        num_elements = 0
+        for group in param_groups(state):
+            for fsdp_param in getattr(group, "fsdp_params", ()):
+                param_names.append(str(getattr(fsdp_param, "_param_fqn", "") or ""))
+                shape = getattr(fsdp_param, "_orig_size", None)
+                num_elements += int(torch.Size(shape).numel()) if shape is not None else 0
+        if not any(param_names):
+            # Before lazy init FSDP has no FQNs; name parameters relative to the unit.
+            param_names = [
+                f"{fqn}.{n}" if fqn and "," not in fqn else n
+                for m in modules
+                for n, p in m.named_parameters()
+                if not _owned_by_child_unit(m, n)
+            ]
+        return Unit(
+            index=index,
+            name=name,
+            part=part,
+            fqn=fqn,
+            modules=modules,
+            handle=state,
+            is_root=fqn == "",
+            module_type=",".join(type(m).__mro__[1].__name__ if type(m).__name__.startswith(
+                "FSDP") else type(m).__name__ for m in modules),
+            param_names=param_names,
+            num_param_elements=num_elements,
+        )
+
+    def prefetch_targets(self, unit: Unit, phase: str) -> list[str]:
+        targets = getattr(unit.handle, _PREFETCH_ATTR[phase], None) or ()
+        names = []
+        for target in targets:
+            name = self._name_by_state.get(id(target))
+            if name is None:
+                modules = getattr(target, "_modules", None) or (target,)
+                name = untracked_name(modules[0])
+            names.append(name)
+        return names
+
+    def gradients(self, unit: Unit) -> list[GradientPresence]:
+        rows = []
+        for group in param_groups(unit.handle):
+            for index, fsdp_param in enumerate(getattr(group, "fsdp_params", ())):
+                label = _param_label(fsdp_param, len(rows), unit.param_names)
+                rows.append(GradientPresence(label, *self._grad_source(fsdp_param)))
+        return rows
+
+    @staticmethod
+    def _grad_source(fsdp_param: Any) -> tuple[bool, str]:
+        sharded = getattr(fsdp_param, "sharded_param", None)
+        if getattr(sharded, "grad", None) is not None:
+            return True, "sharded"
+        # A no-sync micro-step keeps the gradient on the unsharded parameter, or in
+        # unsharded_accumulated_grad when the reduce dtype differs.
+        unsharded = fsdp_param.__dict__.get("_unsharded_param")
+        if getattr(unsharded, "grad", None) is not None:
+            return True, "unsharded"
+        if getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None:
+            return True, "accumulated"
+        return False, "none"
+
+    def pending_all_gathers(self, unit: Unit) -> list[PendingAllGather]:
+        pending = []
+        for index, group in enumerate(param_groups(unit.handle)):
+            result = getattr(group, "_all_gather_result", None)
+            if result is None:
+                continue
+            work = getattr(result, "all_gather_work", None)
+            state = "handle=set" if work is not None else "completed-not-consumed"
+            pending.append(PendingAllGather("param_group", f"group[{index}]", state))
+        return pending
+
+    def is_recompute(self, unit: Unit) -> bool:
+        # FSDP's own is_bw(): the unit's training state is not reliable inside checkpoint regions.
+        return bool(torch._C._current_graph_task_id() != -1)
+
+    def patch_forward_methods(
+        self, unit: Unit, on_pre: Any, on_post: Any
+    ) -> InstanceAttributePatch | None:
+        """Wrap the state's ``_pre_forward``/``_post_forward`` instance attributes.
+
+        ``register_fsdp_forward_method`` looks them up by attribute and bypasses module
+        hooks; module hooks hold the bound methods captured at ``fully_shard`` time, so the
+        wrapper sees only that path and nothing is counted twice.
+        """
+        state = unit.handle
+        original_pre = getattr(state, "_pre_forward", None)
+        original_post = getattr(state, "_post_forward", None)
+        if original_pre is None or original_post is None:
+            return None
+
+        @functools.wraps(original_pre)
+        def pre_forward(module: nn.Module, args: Any, kwargs: Any) -> Any:
+            on_pre(module)
+            return original_pre(module, args, kwargs)
+
+        @functools.wraps(original_post)
+        def post_forward(module: nn.Module, args: Any, output: Any) -> Any:
+            on_post(module, output)
+            return original_post(module, args, output)
+
+        state._pre_forward = pre_forward
+        state._post_forward = post_forward
+        return InstanceAttributePatch(state, ("_pre_forward", "_post_forward"))
+
+
+def _owned_by_child_unit(module: nn.Module, param_name: str) -> bool:
+    """True when ``param_name`` of ``module`` belongs to a nested FSDP unit."""
+    owner: nn.Module = module
+    for part in param_name.split(".")[:-1]:
+        owner = getattr(owner, part)
+        if isinstance(owner, FSDPModule):
+            return True
+    return False

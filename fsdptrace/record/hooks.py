@@ -1,0 +1,197 @@
+"""The hooks the recorder puts on model parts and units, and its exit guards.
+
+Hook order matters: FSDP registers its forward pre-hook with ``prepend=True`` at
+``fully_shard`` time; ours are registered later, also prepended, so they run before FSDP's
+unshard, and the part-root hook (registered last) runs before the root unit's own hook.
+Our forward hook is prepended too, so the output gradient hook it adds fires before FSDP's
+``_pre_backward`` all-gathers: a rank blocked in a collective has already recorded its entry.
+"""
+
+from __future__ import annotations
+
+import atexit
+import signal
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import torch
+from torch.utils._pytree import tree_flatten
+
+from fsdptrace import schema
+
+if TYPE_CHECKING:
+    from fsdptrace.record.recorder import Recorder
+
+_graph_task_id = torch._C._current_graph_task_id
+
+
+def event_columns(unit_names: list[str]) -> Callable[[list[tuple]], dict[str, Any]]:
+    """Events are stored with unit and phase as codes; decode them into dictionary arrays."""
+    units = pa.array(unit_names, pa.string())
+    phases = pa.array(list(schema.PHASES), pa.string())
+
+    def to_columns(rows: list[tuple]) -> dict[str, Any]:
+        seq, t_ns, step, micro, phase, unit = zip(*rows)
+        return {
+            "seq": list(seq),
+            "t_ns": list(t_ns),
+            "step": list(step),
+            "micro_step": list(micro),
+            "phase": pa.DictionaryArray.from_arrays(pa.array(phase, pa.int32()), phases),
+            "unit": pa.DictionaryArray.from_arrays(pa.array(unit, pa.int32()), units),
+        }
+
+    return to_columns
+
+
+def _grad_tensors(output: Any) -> list[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        return [output] if output.requires_grad else []
+    return [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _make_unit_pre(rec: Recorder, unit: Any) -> Callable[..., None]:
+    index = unit.index
+    is_recompute = rec.backend.is_recompute
+
+    def unit_forward_pre_hook(module: Any, args: Any) -> None:
+        try:
+            # Recompute re-enters forward during backward; it is not forward order.
+            if rec._recording and not rec._in_eval and not is_recompute(unit):
+                rec.record_unit(index, 0)
+        except Exception as error:
+            rec.disable(f"forward pre-hook failed: {type(error).__name__}: {error}")
+
+    return unit_forward_pre_hook
+
+
+def _make_unit_post(rec: Recorder, unit: Any) -> Callable[..., None]:
+    index = unit.index
+    skip_in_recompute = not rec.backend.watch_backward_in_recompute
+    is_recompute = rec.backend.is_recompute
+
+    def unit_forward_hook(module: Any, args: Any, output: Any) -> None:
+        try:
+            if skip_in_recompute and is_recompute(unit):
+                return
+            if rec._recording and not rec._in_eval:
+                # Registered during reentrant recompute too: there the recomputed outputs
+                # are the ones whose gradients fire.
+                _watch_backward_begin(rec, index, _grad_tensors(output))
+        except Exception as error:
+            rec.disable(f"forward hook failed: {type(error).__name__}: {error}")
+
+    return unit_forward_hook
+
+
+def _watch_backward_begin(rec: Recorder, index: int, tensors: list[torch.Tensor]) -> None:
+    if not tensors:
+        return
+    fired = [False]
+    handles: list[Any] = []
+
+    def on_first_grad(grad: torch.Tensor) -> None:
+        if fired[0]:
+            return
+        fired[0] = True
+        try:
+            if rec._recording:
+                rec.record_unit(index, 1)
+            for handle in handles:
+                handle.remove()
+        except Exception as error:
+            rec.disable(f"backward hook failed: {type(error).__name__}: {error}")
+
+    for tensor in tensors:
+        handles.append(tensor.register_hook(on_first_grad))
+
+
+def _make_part_pre(rec: Recorder, part: int) -> Callable[..., None]:
+    def part_forward_pre_hook(module: Any, args: Any) -> None:
+        try:
+            if _graph_task_id() == -1:
+                rec.on_part_forward(part)
+        except Exception as error:
+            rec.disable(f"part pre-hook failed: {type(error).__name__}: {error}")
+
+    return part_forward_pre_hook
+
+
+def install(rec: Recorder) -> list[Any]:
+    """Register every hook; returns handles whose ``remove()`` undoes them."""
+    handles: list[Any] = []
+    for unit in rec.units:
+        pre = _make_unit_pre(rec, unit)
+        post = _make_unit_post(rec, unit)
+        for module in unit.modules:
+            handles.append(module.register_forward_pre_hook(pre, prepend=True))
+            handles.append(module.register_forward_hook(post, prepend=True))
+        handles.append(_patch_methods(rec, unit, pre, post))
+    for part_index, part in enumerate(rec.parts):
+        handles.append(part.register_forward_pre_hook(_make_part_pre(rec, part_index),
+                                                      prepend=True))
+    return [h for h in handles if h is not None]
+
+
+def _patch_methods(rec: Recorder, unit: Any, pre: Callable, post: Callable) -> Any:
+    def on_pre(module: Any) -> None:
+        if unit.is_root and _graph_task_id() == -1:
+            rec.on_part_forward(unit.part)
+        pre(module, ())
+
+    def on_post(module: Any, output: Any) -> None:
+        post(module, (), output)
+
+    try:
+        return rec.backend.patch_forward_methods(unit, on_pre, on_post)
+    except Exception as error:
+        rec.disable(f"cannot watch registered forward methods: {error}")
+        return None
+
+
+# --------------------------------------------------------------------- exit guards
+_live: weakref.WeakSet[Recorder] = weakref.WeakSet()
+_previous_sigterm: Any = None
+_sigterm_installed = False
+
+
+def _close_all() -> None:
+    for rec in list(_live):
+        try:
+            rec.close()
+        except Exception:
+            pass
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _close_all()
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+
+
+def install_exit_guard(rec: Recorder) -> Recorder:
+    """Flush at interpreter exit and on SIGTERM (torchrun's way of stopping workers)."""
+    global _previous_sigterm, _sigterm_installed
+    _live.add(rec)
+    if not _sigterm_installed and threading.current_thread() is threading.main_thread():
+        try:
+            _previous_sigterm = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, _on_sigterm)
+            _sigterm_installed = True
+        except (ValueError, OSError):
+            pass
+    return rec
+
+
+def remove_exit_guard(rec: Recorder) -> None:
+    _live.discard(rec)
+
+
+atexit.register(_close_all)

@@ -1,0 +1,238 @@
+"""The in-process flight recorder: hooks on FSDP units, step bookkeeping, safe shutdown.
+
+Design rules, each learned the hard way by flight recorders:
+- the training thread only appends tuples to deques (no I/O, no pandas, no locks);
+- every entry is recorded *before* FSDP issues that unit's collectives, so a rank blocked in
+  an all-gather still shows where it is;
+- any exception inside a hook disables recording with one warning and never reaches training
+  (live raising is the one deliberate exception).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from fsdptrace import schema
+from fsdptrace.record import hooks, snapshots
+from fsdptrace.record.backends.base import Backend, Unit
+from fsdptrace.record.steps import parse_steps
+from fsdptrace.record.writer import DEFAULT_FLUSH_INTERVAL_S, ChunkWriter
+from fsdptrace.version import __version__
+
+log = logging.getLogger("fsdptrace")
+
+RUN_DIR_ENV = "FSDPTRACE_RUN_DIR"
+DEFAULT_RUNS_ROOT = "fsdptrace_runs"
+
+_PHASE_CODE = {schema.FORWARD: 0, schema.BACKWARD: 1}
+
+
+class Recorder:
+    """Records one rank's FSDP lifecycle to a run dir. Create it with ``fsdptrace.attach``."""
+
+    def __init__(
+        self,
+        parts: Sequence[nn.Module],
+        backend: Backend,
+        *,
+        run_dir: Path,
+        rank: int,
+        world_size: int,
+        optimizer: torch.optim.Optimizer | None = None,
+        raise_on_violation: bool = False,
+        steps: str | None = None,
+        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+    ) -> None:
+        self.parts = list(parts)
+        self.backend = backend
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.world_size = world_size
+        self.raise_on_violation = raise_on_violation
+        self.window = parse_steps(steps)
+        self.step = 0
+        self.micro_step = 0
+        self.enabled = True
+        self._closed = False
+        self._warned: set[str] = set()
+        self._seq = 0
+        self._micro_started = False
+        self._manual_micro_steps = False
+        self._parts_seen: set[int] = set()
+        self._in_eval = False
+        self._recording = self.window.contains(0)
+        self._last_prefetch: dict[tuple[str, str], tuple[str, ...]] | None = None
+        self.units: list[Unit] = backend.discover_units(self.parts)
+        self.unit_names = [u.name for u in self.units]
+        self.writer = ChunkWriter(
+            self.run_dir,
+            rank=rank,
+            version=__version__,
+            writer_id=f"w{os.getpid()}-{time.time_ns() % 10**9:09d}",
+            flush_interval_s=flush_interval_s,
+            on_failure=self._on_writer_failure,
+        )
+        self.events = self.writer.buffer("events", hooks.event_columns(self.unit_names))
+        self.markers = self.writer.buffer("markers")
+        self.live_events: list[tuple] | None = [] if raise_on_violation else None
+        self._write_static_tables(steps)
+        self.writer.start()
+        self._handles = hooks.install(self)
+        self._optimizer_handle = (
+            optimizer.register_step_pre_hook(self._optimizer_pre_hook) if optimizer else None
+        )
+        self._exit_guard = hooks.install_exit_guard(self)
+
+    # ----------------------------------------------------------------- public API
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def begin_micro_step(self, step: int, micro_step: int) -> None:
+        """Mark a micro-step boundary yourself (trainers that number their own steps)."""
+        self._manual_micro_steps = True
+        if step != self.step:
+            self.step = step
+            self._recording = self.enabled and self.window.contains(step)
+        self._start_micro_step(micro_step)
+
+    def before_optimizer_step(self) -> None:
+        """Snapshot gradients and pending all-gathers; run live checks if asked; close the step."""
+        if self._closed:
+            return
+        if self._recording:
+            self._guard("boundary snapshot", snapshots.record_boundary, self)
+            if self.raise_on_violation:
+                from fsdptrace.record.live import raise_if_unsafe
+
+                raise_if_unsafe(self)
+        self._mark(schema.MARKER_OPTIMIZER_STEP, 0, "")
+        self.step += 1
+        self.micro_step = 0
+        self._micro_started = False
+        self._parts_seen.clear()
+        if self.live_events is not None:
+            self.live_events.clear()
+        self._recording = self.enabled and self.window.contains(self.step)
+        self.writer.request_flush()
+
+    def flush(self) -> None:
+        """Write everything buffered now (blocks; for tests and before raising)."""
+        self.writer.flush()
+
+    def close(self) -> None:
+        """Remove hooks, write the clean-close marker and flush. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in self._handles:
+            handle.remove()
+        if self._optimizer_handle is not None:
+            self._optimizer_handle.remove()
+        hooks.remove_exit_guard(self._exit_guard)
+        self._mark_dropped()
+        self._mark(schema.MARKER_CLOSE, 0, "")
+        self.writer.close()
+
+    @property
+    def bytes_written(self) -> int:
+        return self.writer.bytes_written
+
+    # ----------------------------------------------------------------- hot path helpers
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def record_unit(self, unit_index: int, phase_code: int) -> None:
+        row = (self.next_seq(), time.monotonic_ns(), self.step, self.micro_step, phase_code,
+               unit_index)
+        self.events.append(row)
+        if self.live_events is not None:
+            self.live_events.append(row)
+
+    def on_part_forward(self, part: int) -> bool:
+        """Called first at each part root forward; returns False for eval forwards."""
+        if not torch.is_grad_enabled():
+            self._in_eval = True
+            return False
+        self._in_eval = False
+        if not self._manual_micro_steps:
+            if not self._micro_started:
+                self._start_micro_step(0)
+            elif part in self._parts_seen:
+                self._start_micro_step(self.micro_step + 1)
+        self._parts_seen.add(part)
+        return True
+
+    @property
+    def active(self) -> bool:
+        return self._recording and not self._in_eval
+
+    # ----------------------------------------------------------------- internals
+    def _start_micro_step(self, micro_step: int) -> None:
+        self.micro_step = micro_step
+        self._micro_started = True
+        self._parts_seen.clear()
+        if self._recording:
+            self._mark(schema.MARKER_MICRO_STEP, 0, "")
+            self._guard("prefetch edges", snapshots.record_prefetch_if_changed, self)
+
+    def _mark(self, kind: str, count: int, detail: str) -> None:
+        self.markers.append(
+            (self.next_seq(), time.monotonic_ns(), self.step, self.micro_step, kind, count, detail)
+        )
+
+    def _mark_dropped(self) -> None:
+        for name, buffer in self.writer.buffers.items():
+            if buffer.num_dropped:
+                self._mark(schema.MARKER_DROPPED, buffer.num_dropped, name)
+
+    def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.before_optimizer_step()
+
+    def _guard(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as error:  # recording must never break training
+            self.disable(f"{what} failed: {type(error).__name__}: {error}")
+            return None
+
+    def disable(self, reason: str) -> None:
+        """Stop recording (hooks become no-ops) after one warning; training goes on."""
+        if not self.enabled:
+            return
+        self.enabled = False
+        self._recording = False
+        warnings.warn(f"fsdptrace: recording disabled on rank {self.rank}: {reason}",
+                      RuntimeWarning, stacklevel=2)
+        self._mark(schema.MARKER_DISABLED, 0, reason)
+
+    def _on_writer_failure(self, error: BaseException) -> None:
+        self.disable(f"cannot write to {self.run_dir}: {type(error).__name__}: {error}")
+
+    def _write_static_tables(self, steps: str | None) -> None:
+        self.writer.buffer("meta").append(
+            (self.world_size, socket.gethostname(), os.getpid(), self.backend.name,
+             torch.__version__, __version__, schema.SCHEMA_VERSION, time.time_ns(),
+             time.monotonic_ns(), len(self.parts), steps or "", self.raise_on_violation)
+        )
+        units = self.writer.buffer("units")
+        for u in self.units:
+            units.append((u.name, u.part, u.fqn, u.module_type, u.is_root, len(u.param_names),
+                          u.num_param_elements, list(u.param_names)))
+
+
+def phase_code(phase: str) -> int:
+    return _PHASE_CODE[phase]

@@ -1,0 +1,166 @@
+"""Background writer: turns the recorder's in-memory rows into Parquet chunks.
+
+The training thread only appends tuples to ``collections.deque`` buffers (append and popleft
+are atomic under the GIL, so no lock sits on the hot path). This thread wakes at every
+optimizer boundary and at least every ``flush_interval_s`` seconds, and writes each table's
+new rows as one complete Parquet file: first under a temporary name, then renamed atomically,
+so a job killed at any instant leaves only whole files behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fsdptrace import schema
+
+log = logging.getLogger("fsdptrace")
+
+DEFAULT_FLUSH_INTERVAL_S = 2.0
+# Rows held per table while writes fail or lag; beyond this the oldest are dropped and counted.
+DEFAULT_MAX_BUFFERED_ROWS = 1_000_000
+
+
+class TableBuffer:
+    """Rows of one table waiting to be written, plus how to turn them into columns."""
+
+    def __init__(self, name: str, to_columns: Callable[[list[tuple]], dict[str, list]]) -> None:
+        self.name = name
+        self.rows: collections.deque[tuple] = collections.deque()
+        self.to_columns = to_columns
+        self.num_chunks = 0
+        self.num_dropped = 0
+
+
+def plain_columns(table: str) -> Callable[[list[tuple]], dict[str, list]]:
+    """Rows stored in schema column order become columns by transposition."""
+    names = schema.TABLES[table].names
+
+    def to_columns(rows: list[tuple]) -> dict[str, list]:
+        return {name: list(column) for name, column in zip(names, zip(*rows))}
+
+    return to_columns
+
+
+class ChunkWriter:
+    """Owns the writer thread and the file layout of one rank's recording."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        rank: int,
+        version: str,
+        writer_id: str,
+        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        max_buffered_rows: int = DEFAULT_MAX_BUFFERED_ROWS,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.version = version
+        self.writer_id = writer_id
+        self.flush_interval_s = flush_interval_s
+        self.max_buffered_rows = max_buffered_rows
+        self.on_failure = on_failure
+        self.buffers: dict[str, TableBuffer] = {}
+        self.failed = False
+        self.bytes_written = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._flush_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def buffer(self, table: str, to_columns: Callable[[list[tuple]], dict[str, list]] | None = None
+               ) -> collections.deque[tuple]:
+        """The deque the training thread appends ``table``'s rows to."""
+        if table not in self.buffers:
+            self.buffers[table] = TableBuffer(table, to_columns or plain_columns(table))
+        return self.buffers[table].rows
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fsdptrace-writer", daemon=True)
+        self._thread.start()
+
+    def request_flush(self) -> None:
+        """Ask the writer thread to flush soon; never blocks the caller."""
+        self._wake.set()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the thread after a last flush of everything buffered."""
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every buffered row; on failure, report once and stop writing."""
+        with self._flush_lock:
+            if self.failed:
+                self._drop_excess()
+                return
+            try:
+                for buffer in list(self.buffers.values()):
+                    self._drop_excess_of(buffer)
+                    self._write_buffer(buffer)
+            except BaseException as error:  # never let the writer thread die silently
+                self.failed = True
+                if self.on_failure is not None:
+                    self.on_failure(error)
+
+    def _drop_excess(self) -> None:
+        for buffer in self.buffers.values():
+            self._drop_excess_of(buffer)
+
+    def _drop_excess_of(self, buffer: TableBuffer) -> None:
+        excess = len(buffer.rows) - self.max_buffered_rows
+        for _ in range(max(excess, 0)):
+            buffer.rows.popleft()
+        buffer.num_dropped += max(excess, 0)
+
+    def _write_buffer(self, buffer: TableBuffer) -> None:
+        count = len(buffer.rows)
+        if count == 0:
+            return
+        rows = [buffer.rows.popleft() for _ in range(count)]
+        table_schema = schema.with_metadata(
+            schema.TABLES[buffer.name], rank=self.rank, version=self.version
+        )
+        table = pa.Table.from_pydict(buffer.to_columns(rows), schema=table_schema)
+        self.write_table(buffer.name, table, chunk=buffer.num_chunks)
+        buffer.num_chunks += 1
+
+    def write_table(self, table_name: str, table: pa.Table, *, chunk: int) -> Path:
+        """Write one complete chunk file atomically: temp name, fsync-free rename."""
+        directory = (
+            self.run_dir
+            / schema.TABLE_DIR.format(table=table_name)
+            / schema.RANK_DIR.format(rank=self.rank)
+        )
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / schema.PART_FILE.format(writer=self.writer_id, chunk=chunk)
+        temp = path.with_name(path.name + schema.TEMP_SUFFIX)
+        pq.write_table(table, temp, compression="zstd")
+        os.replace(temp, path)
+        self.bytes_written += path.stat().st_size
+        return path
+
+
+def dropped_counts(writer: ChunkWriter) -> dict[str, Any]:
+    return {name: b.num_dropped for name, b in writer.buffers.items() if b.num_dropped}

@@ -1,0 +1,164 @@
+"""The on-disk format of a run dir: one declared, versioned schema per table.
+
+Every table lives at ``RUN_DIR/<table>/rank=<r>/part-<writer>-<n>.parquet`` (hive partitioning),
+so pandas, DuckDB, Polars and Spark read a whole run as it is. The rank is carried by the
+partition path, not by a column in the files, so that hive-aware readers do not see it twice;
+``fsdptrace.load`` adds it back as a column.
+
+Bump ``SCHEMA_VERSION`` whenever a column changes meaning or type; the loader refuses files
+written with a version it does not know instead of guessing.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+SCHEMA_VERSION_KEY = b"fsdptrace.schema_version"
+FSDPTRACE_VERSION_KEY = b"fsdptrace.version"
+RANK_KEY = b"fsdptrace.rank"
+
+TABLE_DIR = "{table}"
+RANK_DIR = "rank={rank}"
+PART_FILE = "part-{writer}-{chunk:06d}.parquet"
+TEMP_SUFFIX = ".tmp"
+
+FORWARD = "forward"
+BACKWARD = "backward"
+PHASES = (FORWARD, BACKWARD)
+
+# Marker kinds written to the ``markers`` table.
+MARKER_MICRO_STEP = "micro_step_begin"
+MARKER_OPTIMIZER_STEP = "optimizer_step"
+MARKER_CLOSE = "close"
+MARKER_DROPPED = "dropped"
+MARKER_DISABLED = "recording_disabled"
+MARKER_GRAD_SYNC = "gradient_sync"
+
+_dict_str = pa.dictionary(pa.int32(), pa.string())
+
+META = pa.schema(
+    [
+        ("world_size", pa.int32()),
+        ("host", pa.string()),
+        ("pid", pa.int64()),
+        ("backend", pa.string()),
+        ("torch_version", pa.string()),
+        ("fsdptrace_version", pa.string()),
+        ("schema_version", pa.int32()),
+        ("wall_anchor_ns", pa.int64()),
+        ("mono_anchor_ns", pa.int64()),
+        ("num_parts", pa.int32()),
+        ("steps_spec", pa.string()),
+        ("raise_on_violation", pa.bool_()),
+    ]
+)
+
+UNITS = pa.schema(
+    [
+        ("unit", pa.string()),
+        ("part", pa.int32()),
+        ("fqn", pa.string()),
+        ("module_type", pa.string()),
+        ("is_root", pa.bool_()),
+        ("num_params", pa.int32()),
+        ("num_param_elements", pa.int64()),
+        ("param_names", pa.list_(pa.string())),
+    ]
+)
+
+EVENTS = pa.schema(
+    [
+        ("seq", pa.int64()),
+        ("t_ns", pa.int64()),
+        ("step", pa.int32()),
+        ("micro_step", pa.int32()),
+        ("phase", _dict_str),
+        ("unit", _dict_str),
+    ]
+)
+
+MARKERS = pa.schema(
+    [
+        ("seq", pa.int64()),
+        ("t_ns", pa.int64()),
+        ("step", pa.int32()),
+        ("micro_step", pa.int32()),
+        ("kind", _dict_str),
+        ("count", pa.int64()),
+        ("detail", pa.string()),
+    ]
+)
+
+# One snapshot of every unit's configured targets, written whenever the configuration changes.
+# A unit with no targets in a phase has one row with a null target, so a snapshot is complete.
+PREFETCH = pa.schema(
+    [
+        ("step", pa.int32()),
+        ("micro_step", pa.int32()),
+        ("unit", _dict_str),
+        ("phase", _dict_str),
+        ("target", _dict_str),
+        ("target_index", pa.int32()),
+    ]
+)
+
+GRADIENTS = pa.schema(
+    [
+        ("step", pa.int32()),
+        ("micro_step", pa.int32()),
+        ("unit", _dict_str),
+        ("param", pa.string()),
+        ("has_grad", pa.bool_()),
+        ("grad_source", _dict_str),
+    ]
+)
+
+PENDING = pa.schema(
+    [
+        ("step", pa.int32()),
+        ("micro_step", pa.int32()),
+        ("unit", _dict_str),
+        ("kind", _dict_str),
+        ("bucket", pa.string()),
+        ("state", pa.string()),
+    ]
+)
+
+FINDINGS = pa.schema(
+    [
+        ("check", pa.string()),
+        ("severity", pa.string()),
+        ("step", pa.int32()),
+        ("micro_step", pa.int32()),
+        ("phase", pa.string()),
+        ("unit", pa.string()),
+        ("target", pa.string()),
+        ("message", pa.string()),
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "meta": META,
+    "units": UNITS,
+    "events": EVENTS,
+    "markers": MARKERS,
+    "prefetch": PREFETCH,
+    "gradients": GRADIENTS,
+    "pending": PENDING,
+    "findings": FINDINGS,
+}
+
+# Tables a recorder always writes; a run dir without them is not a run dir.
+REQUIRED_TABLES = ("meta", "units")
+
+
+def with_metadata(schema: pa.Schema, *, rank: int, version: str) -> pa.Schema:
+    """Stamp a table schema with the schema version, writer version and rank."""
+    return schema.with_metadata(
+        {
+            SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode(),
+            FSDPTRACE_VERSION_KEY: version.encode(),
+            RANK_KEY: str(rank).encode(),
+        }
+    )
