@@ -15,6 +15,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,7 @@ class Scenario:
     pending_all_gather: bool = False
     order_instability: bool = False
     kill_rank: int = -1  # SIGKILL this rank mid-backward of the last step
+    flush_interval_s: float = 2.0
     raise_on_violation: bool = False
 
 
@@ -64,7 +66,7 @@ SCENARIOS = {
     "config-divergence": Scenario(config_divergence=True),
     "pending-all-gather": Scenario(pending_all_gather=True),
     "order-instability": Scenario(order_instability=True),
-    "killed-rank": Scenario(kill_rank=1),
+    "killed-rank": Scenario(kill_rank=1, flush_interval_s=0.2),
 }
 
 
@@ -137,7 +139,8 @@ def train(sc: Scenario, run_dir: Path, rank: int) -> list[float]:
     losses = []
     generator = torch.Generator().manual_seed(rank)
     with fsdptrace.attach(model, run_dir=run_dir, optimizer=optimizer,
-                          raise_on_violation=sc.raise_on_violation):
+                          raise_on_violation=sc.raise_on_violation,
+                          flush_interval_s=sc.flush_interval_s):
         for step in range(sc.steps):
             if sc.order_instability:
                 model.order = [0, 2, 1, 3] if step == 1 else list(range(NUM_LAYERS))
@@ -153,7 +156,7 @@ def train(sc: Scenario, run_dir: Path, rank: int) -> list[float]:
                 tokens = torch.randint(0, 32, (32,), generator=generator)
                 loss = model(tokens).float().pow(2).mean()
                 if sc.kill_rank == rank and step == sc.steps - 1:
-                    _die_mid_backward(loss)
+                    _die_mid_backward(loss, after_s=sc.flush_interval_s * 3)
                 loss.backward()
                 losses.append(loss.item())
             if sc.pending_all_gather:
@@ -166,9 +169,10 @@ def train(sc: Scenario, run_dir: Path, rank: int) -> list[float]:
     return losses
 
 
-def _die_mid_backward(loss: torch.Tensor) -> None:
-    """SIGKILL this process from inside backward, after a flush of what was recorded."""
+def _die_mid_backward(loss: torch.Tensor, *, after_s: float) -> None:
+    """SIGKILL this process from inside backward, once the periodic flush has run."""
     def kill(grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(after_s)
         os.kill(os.getpid(), signal.SIGKILL)
         return grad
 

@@ -31,6 +31,7 @@ PHASES = (FORWARD, BACKWARD)
 MARKER_MICRO_STEP = "micro_step_begin"
 MARKER_OPTIMIZER_STEP = "optimizer_step"
 MARKER_CLOSE = "close"
+MARKER_CRASH = "crashed"
 MARKER_DROPPED = "dropped"
 MARKER_DISABLED = "recording_disabled"
 MARKER_GRAD_SYNC = "gradient_sync"

@@ -97,8 +97,12 @@ class Recorder:
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        if exc is not None and not isinstance(exc, KeyboardInterrupt):
+            self.close(error=f"{type(exc).__name__}: {exc}")
+        else:
+            self.close()
 
     def begin_micro_step(self, step: int, micro_step: int) -> None:
         """Mark a micro-step boundary yourself (trainers that number their own steps)."""
@@ -132,8 +136,12 @@ class Recorder:
         """Write everything buffered now (blocks; for tests and before raising)."""
         self.writer.flush()
 
-    def close(self) -> None:
-        """Remove hooks, write the clean-close marker and flush. Safe to call twice."""
+    def close(self, *, error: str | None = None) -> None:
+        """Remove hooks, write the close marker and flush. Safe to call twice.
+
+        ``error`` marks a crash (an exception left the ``with`` block): the rank did not end
+        cleanly, and the analyzer reports it with the error text.
+        """
         if self._closed:
             return
         self._closed = True
@@ -143,7 +151,10 @@ class Recorder:
             self._optimizer_handle.remove()
         hooks.remove_exit_guard(self._exit_guard)
         self._mark_dropped()
-        self._mark(schema.MARKER_CLOSE, 0, "")
+        if error is None:
+            self._mark(schema.MARKER_CLOSE, 0, "")
+        else:
+            self._mark(schema.MARKER_CRASH, 0, error[:2000])
         self.writer.close()
 
     @property

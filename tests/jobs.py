@@ -1,0 +1,97 @@
+"""Launch real multi-process FSDP2 jobs (gloo, CPU) from tests, bounded in time.
+
+Like ``torchrun --nproc-per-node N`` but without the elastic agent, so a test can SIGKILL
+one rank, read each rank's output and always clean up what it started.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int
+    output: str
+
+
+def start_ranks(args: list[str], *, nproc: int = 2, env: dict[str, str] | None = None
+                ) -> list[subprocess.Popen]:
+    """Start ``python ARGS...`` once per rank with torchrun's environment variables."""
+    port = str(free_port())
+    procs = []
+    for rank in range(nproc):
+        rank_env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        procs.append(subprocess.Popen([sys.executable, *args], env=rank_env, cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    return procs
+
+
+def wait_ranks(procs: list[subprocess.Popen], *, timeout_s: float = 120.0) -> list[RankResult]:
+    """Wait for every rank; kill all of them if the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    results = []
+    try:
+        for rank, proc in enumerate(procs):
+            remaining = max(deadline - time.monotonic(), 0.1)
+            try:
+                out, _ = proc.communicate(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                kill_all(procs)
+                out, _ = proc.communicate()
+            results.append(RankResult(rank, proc.returncode, out))
+    finally:
+        kill_all(procs)
+    return results
+
+
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def run_ranks(args: list[str], *, nproc: int = 2, env: dict[str, str] | None = None,
+              timeout_s: float = 120.0) -> list[RankResult]:
+    return wait_ranks(start_ranks(args, nproc=nproc, env=env), timeout_s=timeout_s)
+
+
+def run_scenarios(out: Path, names: list[str], *, timeout_s: float = 180.0,
+                  env: dict[str, str] | None = None) -> list[RankResult]:
+    """Record ``examples/scenarios.py`` scenarios into ``out/<name>`` on 2 ranks."""
+    return run_ranks([str(EXAMPLES / "scenarios.py"), "--out", str(out), *names],
+                     env=env, timeout_s=timeout_s)
+
+
+def assert_ok(results: list[RankResult]) -> None:
+    bad = [r for r in results if r.returncode != 0]
+    assert not bad, "\n".join(f"rank {r.rank} exited {r.returncode}:\n{r.output}" for r in bad)
