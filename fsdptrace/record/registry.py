@@ -35,3 +35,9 @@ def forget(parts: Sequence[nn.Module]) -> None:
             recorder = _by_module.pop(module, None)
             if recorder is not None:
                 recorder.close()
+
+
+def live_recorders() -> list[Recorder]:
+    """The distinct recorders of this process that are not closed."""
+    unique = {id(r): r for r in list(_by_module.values())}
+    return [r for r in unique.values() if not r._closed]

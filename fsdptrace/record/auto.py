@@ -1,0 +1,210 @@
+"""Zero-code recording: attach to the FSDP2 root of a process that never calls ``attach``.
+
+``fsdptrace record -- COMMAND`` sets ``$FSDPTRACE_RUN_DIR`` and puts ``bootstrap/`` on
+``PYTHONPATH``; its ``sitecustomize`` calls ``install_auto_attach`` once torch is imported.
+Two process-wide hooks then do what the one explicit line would:
+
+- a global module forward pre-hook attaches a recorder at the first training forward of an
+  FSDP root that nothing records yet, then removes itself (one root per process: a second
+  root, a teacher model or a second pipeline stage, is not recorded; list them all in an
+  explicit ``fsdptrace.attach([...])`` for that);
+- a global optimizer step pre-hook closes the step of every live recorder that has no
+  optimizer of its own, so an explicit ``attach(model)`` without ``optimizer=`` still gets
+  boundaries, and a recorder with one is never closed twice per step.
+
+An explicit ``attach`` on the same model wins: ``registry.forget`` closes the automatic one.
+Any failure here disables zero-code recording with one warning; the job goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from fsdptrace.errors import LifecycleError
+
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+    from fsdptrace.record.recorder import Recorder
+
+RUN_DIR_ENV = "FSDPTRACE_RUN_DIR"  # same name as recorder.RUN_DIR_ENV, without importing torch
+
+# torch.utils.hooks.RemovableHandle for each installed global hook; empty when not installed.
+_handles: dict[str, Any] = {}
+_disabled = False
+
+
+def install_auto_attach() -> bool:
+    """Install the global hooks in this process when ``$FSDPTRACE_RUN_DIR`` is set.
+
+    Imports torch. Returns whether the hooks are installed; calling it twice is harmless.
+    """
+    if not os.environ.get(RUN_DIR_ENV) or _disabled:
+        return False
+    if _handles:
+        return True
+    try:
+        import torch.nn.modules.module as module_hooks
+        import torch.optim.optimizer as optimizer_hooks
+
+        _handles["optimizer"] = optimizer_hooks.register_optimizer_step_pre_hook(
+            _optimizer_step_pre_hook
+        )
+        _handles["forward"] = module_hooks.register_module_forward_pre_hook(
+            _module_forward_pre_hook
+        )
+    except Exception as error:
+        _disable(f"cannot install hooks: {type(error).__name__}: {error}")
+        return False
+    return True
+
+
+def install_on_torch_import() -> None:
+    """Call ``install_auto_attach`` as soon as the process imports torch, or now if it has.
+
+    ``sitecustomize`` runs before the script: importing torch there would cost every process
+    the command starts (helpers, tools that never touch torch) and would import it before the
+    script sets the variables torch reads at import time. Waiting for the script's own
+    ``import torch`` costs nothing, and nothing FSDP can run before it.
+    """
+    if "torch" in sys.modules:
+        install_auto_attach()
+    elif not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterTorchImport())
+
+
+class _AfterTorchImport:
+    """A one-shot import hook: finds torch with the other finders and wraps its loader."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _InstallAfterExec(spec.loader)
+        return spec
+
+
+class _InstallAfterExec:
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        # Put the real loader back first: tools read __loader__ (get_source, resources).
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        install_auto_attach()
+
+
+def uninstall_auto_attach() -> None:
+    """Remove the global hooks (recorders already attached keep recording)."""
+    for handle in _handles.values():
+        handle.remove()
+    _handles.clear()
+
+
+def _disable(reason: str) -> None:
+    global _disabled
+    if _disabled:
+        return
+    _disabled = True
+    uninstall_auto_attach()
+    warnings.warn(f"fsdptrace: zero-code recording disabled: {reason}", RuntimeWarning,
+                  stacklevel=3)
+
+
+# --------------------------------------------------------------------- forward: find the root
+def _fsdp_module_class() -> type | None:
+    # No FSDPModule can exist before fully_shard's package is imported; importing it here,
+    # in every module call of a job that does not use FSDP, would cost that job.
+    if "torch.distributed.fsdp" not in sys.modules:
+        return None
+    return getattr(sys.modules["torch.distributed.fsdp"], "FSDPModule", None)
+
+
+def _module_forward_pre_hook(module: nn.Module, args: Any) -> None:
+    try:
+        fsdp_module = _fsdp_module_class()
+        if fsdp_module is None or not isinstance(module, fsdp_module):
+            return
+        _on_fsdp_forward(module)
+    except Exception as error:  # recording must never break training
+        _disable(f"forward pre-hook failed: {type(error).__name__}: {error}")
+
+
+def _on_fsdp_forward(module: nn.Module) -> None:
+    import torch
+
+    from fsdptrace.record import registry
+
+    # Eval and no-grad warm-up forwards are not recorded anyway: waiting for the first
+    # training forward lets a script attach explicitly after its warm-up without leaving an
+    # automatic recording behind. Recompute runs inside backward, never a first forward.
+    if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
+        return
+    state = getattr(module, "_get_fsdp_state", lambda: None)()
+    if getattr(state, "_is_root", None) is False:
+        return  # a unit inside a root FSDP already initialised: run outside that root
+    _stop_watching_forwards()
+    if registry.recorder_of(module) is not None:
+        return  # the script attached explicitly
+    _attach_root(module)
+
+
+def _stop_watching_forwards() -> None:
+    # The global hook takes every module call off nn.Module's no-hook fast path; once this
+    # process's root is found it has nothing left to do.
+    handle = _handles.pop("forward", None)
+    if handle is not None:
+        handle.remove()
+
+
+def _attach_root(module: nn.Module) -> None:
+    from fsdptrace.record.attach import attach
+
+    recorder = attach(module)
+    # nn.Module snapshots its pre-hooks before calling the first one, so the hooks attach just
+    # registered on this module miss this call; do their work (tests pin that behaviour).
+    if not recorder.on_part_forward(0):
+        return
+    if recorder.active:
+        for unit in recorder.units:
+            if unit.part == 0 and any(m is module for m in unit.modules) and (
+                not recorder.backend.is_recompute(unit)
+            ):
+                recorder.record_unit(unit.index, 0)
+
+
+# --------------------------------------------------------------------- optimizer: boundaries
+def _optimizer_step_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    try:
+        for recorder in _recorders_without_optimizer():
+            # A step with no training forward since the last boundary adds nothing: a second
+            # optimizer, or a script that already called before_optimizer_step itself.
+            if recorder._micro_started:
+                recorder.before_optimizer_step()
+    except LifecycleError:
+        raise  # live checks stop the step on purpose
+    except Exception as error:
+        _disable(f"optimizer step pre-hook failed: {type(error).__name__}: {error}")
+
+
+def _recorders_without_optimizer() -> list[Recorder]:
+    from fsdptrace.record import registry
+
+    return [r for r in registry.live_recorders() if r._optimizer_handle is None]
