@@ -18,6 +18,8 @@ Any failure here disables zero-code recording with one warning; the job goes on.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import sys
 import warnings
@@ -83,8 +85,6 @@ class _AfterTorchImport:
         if fullname != "torch":
             return None
         sys.meta_path.remove(self)
-        import importlib.util
-
         spec = importlib.util.find_spec("torch")
         if spec is None or spec.loader is None:
             return None
@@ -92,7 +92,7 @@ class _AfterTorchImport:
         return spec
 
 
-class _InstallAfterExec:
+class _InstallAfterExec(importlib.abc.Loader):
     def __init__(self, loader: Any) -> None:
         self.loader = loader
 
@@ -124,8 +124,9 @@ def _disable(reason: str) -> None:
         return
     _disabled = True
     uninstall_auto_attach()
-    warnings.warn(f"fsdptrace: zero-code recording disabled: {reason}", RuntimeWarning,
-                  stacklevel=3)
+    warnings.warn(
+        f"fsdptrace: zero-code recording disabled: {reason}", RuntimeWarning, stacklevel=3
+    )
 
 
 # --------------------------------------------------------------------- forward: find the root
@@ -184,8 +185,10 @@ def _attach_root(module: nn.Module) -> None:
         return
     if recorder.active:
         for unit in recorder.units:
-            if unit.part == 0 and any(m is module for m in unit.modules) and (
-                not recorder.backend.is_recompute(unit)
+            if (
+                unit.part == 0
+                and any(m is module for m in unit.modules)
+                and (not recorder.backend.is_recompute(unit))
             ):
                 recorder.record_unit(unit.index, 0)
 

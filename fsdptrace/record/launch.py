@@ -62,13 +62,15 @@ def run_recorded(command: Sequence[str], env: Mapping[str, str]) -> int:
     second one. A child killed by signal N gives ``128 + N``, as a shell would.
     """
     if not command:
-        raise FsdptraceError("no command to record: give one after `--`, e.g. "
-                             "`fsdptrace record -- python train.py`")
+        raise FsdptraceError(
+            "no command to record: give one after `--`, e.g. `fsdptrace record -- python train.py`"
+        )
     try:
         child = subprocess.Popen(list(command), env=dict(env))
     except FileNotFoundError as error:
-        raise FsdptraceError(f"cannot run {command[0]!r}: no such program "
-                             f"(is it on PATH?)") from error
+        raise FsdptraceError(
+            f"cannot run {command[0]!r}: no such program (is it on PATH?)"
+        ) from error
     previous = _forward_signals(child)
     try:
         returncode = child.wait()

@@ -44,8 +44,8 @@ def build() -> Model:
     fully_shard(model)
     layers = list(model.layers)
     for i, layer in enumerate(layers):
-        layer.set_modules_to_forward_prefetch(layers[i + 1:i + 2])
-        layer.set_modules_to_backward_prefetch(layers[i - 1:i] if i > 0 else [])
+        layer.set_modules_to_forward_prefetch(layers[i + 1 : i + 2])
+        layer.set_modules_to_backward_prefetch(layers[i - 1 : i] if i > 0 else [])
     return model
 
 
@@ -57,8 +57,9 @@ def init_process_group() -> None:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
 
 
-def train(model: nn.Module, optimizer: torch.optim.Optimizer, *, num_steps: int = NUM_STEPS,
-          seed: int = 0) -> float:
+def train(
+    model: nn.Module, optimizer: torch.optim.Optimizer, *, num_steps: int = NUM_STEPS, seed: int = 0
+) -> float:
     generator = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
     loss = torch.zeros(())
     for _ in range(num_steps):
@@ -77,8 +78,10 @@ def main() -> int:
     model = build()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     loss = train(model, optimizer)
-    print(f"rank {dist.get_rank()}: loss {loss:.4f} fsdptrace imported: "
-          f"{'fsdptrace' in sys.modules}", flush=True)
+    print(
+        f"rank {dist.get_rank()}: loss {loss:.4f} fsdptrace imported: {'fsdptrace' in sys.modules}",
+        flush=True,
+    )
     dist.destroy_process_group()
     return 0
 

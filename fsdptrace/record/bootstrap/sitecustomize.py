@@ -27,8 +27,11 @@ def _start_recording() -> None:
 
         install_on_torch_import()
     except Exception as error:  # never stop the command from starting
-        warnings.warn(f"fsdptrace: zero-code recording not started: "
-                      f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"fsdptrace: zero-code recording not started: {type(error).__name__}: {error}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def _run_shadowed_sitecustomize() -> None:

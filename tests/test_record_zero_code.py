@@ -1,0 +1,290 @@
+"""Zero-code recording (``fsdptrace record -- COMMAND``): real FSDP2 jobs that never call
+``attach``, scripts that do, the bootstrap ``sitecustomize`` and the launcher."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn as nn
+
+from fsdptrace.record.launch import BOOTSTRAP_DIR, record_env, run_recorded
+from tests.jobs import REPO, RankResult, kill_all
+
+SCRIPTS = REPO / "tests" / "jobs_scripts"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+NUM_STEPS, NUM_MICRO_STEPS = 3, 2
+LAYERS = ["layers.0", "layers.1", "layers.2"]
+PART_FILE = re.compile(r"part-(?P<writer>.+)-\d{6}\.parquet$")
+
+
+# --------------------------------------------------------------------- reading a run dir
+def read_writers(run_dir: Path, table: str, rank: int) -> dict[str, pa.Table]:
+    """One table per recorder (writer id) that wrote ``TABLE/rank=N``."""
+    files: dict[str, list[Path]] = {}
+    for path in sorted((run_dir / table / f"rank={rank}").glob("part-*.parquet")):
+        files.setdefault(PART_FILE.search(path.name)["writer"], []).append(path)
+    tables = {w: pa.concat_tables([pq.read_table(p) for p in ps]) for w, ps in files.items()}
+    return {w: t.sort_by("seq") if "seq" in t.column_names else t for w, t in tables.items()}
+
+
+def read_one_writer(run_dir: Path, table: str, rank: int) -> pa.Table:
+    writers = read_writers(run_dir, table, rank)
+    assert len(writers) == 1, f"{table}/rank={rank} written by {sorted(writers)}"
+    return next(iter(writers.values()))
+
+
+def event_rows(events: pa.Table) -> list[tuple]:
+    cols = [events.column(c).to_pylist() for c in ("step", "micro_step", "phase", "unit")]
+    return list(zip(*cols, strict=True))
+
+
+def expected_events(steps: range) -> list[tuple]:
+    rows = []
+    for step in steps:
+        for micro in range(NUM_MICRO_STEPS):
+            rows += [(step, micro, "forward", u) for u in ["<root>", *LAYERS]]
+            rows += [(step, micro, "backward", u) for u in ["<root>", *LAYERS[::-1]]]
+    return rows
+
+
+def marker_kinds(markers: pa.Table, kind: str) -> list[tuple[int, int]]:
+    rows = zip(
+        markers.column("step").to_pylist(),
+        markers.column("micro_step").to_pylist(),
+        markers.column("kind").to_pylist(),
+        strict=True,
+    )
+    return [(step, micro) for step, micro, k in rows if k == kind]
+
+
+def assert_complete_recording(run_dir: Path, rank: int, world_size: int) -> None:
+    meta = read_one_writer(run_dir, "meta", rank)
+    assert meta.column("world_size").to_pylist() == [world_size]
+    units = read_one_writer(run_dir, "units", rank)
+    assert units.column("unit").to_pylist() == ["<root>", *LAYERS]
+    assert event_rows(read_one_writer(run_dir, "events", rank)) == expected_events(range(NUM_STEPS))
+    markers = read_one_writer(run_dir, "markers", rank)
+    assert marker_kinds(markers, "optimizer_step") == [(s, 1) for s in range(NUM_STEPS)]
+    assert marker_kinds(markers, "micro_step_begin") == [
+        (s, m) for s in range(NUM_STEPS) for m in range(NUM_MICRO_STEPS)
+    ]
+    assert markers.column("kind").to_pylist()[-1] == "close"
+
+
+# --------------------------------------------------------------------- the jobs
+def _job_env(
+    run_dir: Path, *, rank: int | None = None, world_size: int = 1, port: int = 0
+) -> dict[str, str]:
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env = record_env(run_dir, base_env={**base, "OMP_NUM_THREADS": "1"})
+    if rank is not None:
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+    return env
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every job of this module, started at once (they are small and mostly wait)."""
+    from tests.jobs import free_port
+
+    out = tmp_path_factory.mktemp("zero_code")
+    port = free_port()
+    jobs: dict[str, list[str]] = {
+        "torchrun": [
+            str(TORCHRUN),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(SCRIPTS / "plain_train.py"),
+        ],
+        "single": [sys.executable, str(SCRIPTS / "plain_train.py")],
+        "no-optimizer": [sys.executable, str(SCRIPTS / "attach_train.py"), "--no-optimizer"],
+        "late": [sys.executable, str(SCRIPTS / "attach_train.py"), "--late"],
+    }
+    procs = {
+        name: subprocess.Popen(
+            cmd,
+            env=_job_env(out / name),
+            cwd=out,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for name, cmd in jobs.items()
+    }
+    for rank in range(2):  # explicit attach on 2 ranks, without torchrun's agent
+        procs[f"explicit/{rank}"] = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "attach_train.py")],
+            env=_job_env(out / "explicit", rank=rank, world_size=2, port=port),
+            cwd=out,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    results = []
+    try:
+        for name, proc in procs.items():
+            output, _ = proc.communicate(timeout=90)
+            results.append(RankResult(len(results), proc.returncode, f"[{name}]\n{output}"))
+    finally:
+        kill_all(list(procs.values()))
+    bad = [r.output for r in results if r.returncode != 0]
+    assert not bad, "\n".join(bad)
+    return out
+
+
+@pytest.mark.slow
+def test_torchrun_records_every_rank_of_a_plain_script(runs: Path) -> None:
+    for rank in range(2):
+        assert_complete_recording(runs / "torchrun", rank, world_size=2)
+    # torchrun's agent process records nothing (it would have written a second rank=0 meta).
+    assert sorted(p.name for p in (runs / "torchrun" / "meta").iterdir()) == ["rank=0", "rank=1"]
+
+
+@pytest.mark.slow
+def test_plain_python_single_process(runs: Path) -> None:
+    assert_complete_recording(runs / "single", 0, world_size=1)
+
+
+@pytest.mark.slow
+def test_explicit_attach_uses_the_run_dir_once(runs: Path) -> None:
+    # attach() without run_dir lands in $FSDPTRACE_RUN_DIR, and only its recorder writes.
+    for rank in range(2):
+        assert_complete_recording(runs / "explicit", rank, world_size=2)
+
+
+@pytest.mark.slow
+def test_explicit_attach_without_optimizer_gets_boundaries_once(runs: Path) -> None:
+    assert_complete_recording(runs / "no-optimizer", 0, world_size=1)
+
+
+@pytest.mark.slow
+def test_late_explicit_attach_replaces_the_automatic_recorder(runs: Path) -> None:
+    markers = read_writers(runs / "late", "markers", 0)
+    events = read_writers(runs / "late", "events", 0)
+    assert len(markers) == 2
+    first, second = sorted(markers, key=lambda w: markers[w].column("t_ns")[0].as_py())
+    # The automatic recorder saw the first step, then was closed by the explicit attach;
+    # the explicit one counts its own steps from 0, each closed once.
+    assert marker_kinds(markers[first], "optimizer_step") == [(0, 1)]
+    assert markers[first].column("kind").to_pylist()[-1] == "close"
+    assert marker_kinds(markers[second], "optimizer_step") == [(0, 1), (1, 1)]
+    assert event_rows(events[first]) == expected_events(range(1))
+    assert event_rows(events[second]) == expected_events(range(NUM_STEPS - 1))
+
+
+# --------------------------------------------------------------------- in-process behaviour
+def test_hooks_registered_by_a_global_pre_hook_miss_that_call() -> None:
+    """auto.py records the triggering root forward itself because of this torch behaviour."""
+    calls: list[str] = []
+    model = nn.Linear(2, 2)
+
+    def global_pre_hook(module: nn.Module, args: object) -> None:
+        if not calls:
+            calls.append("global")
+            module.register_forward_pre_hook(lambda m, a: calls.append("pre"), prepend=True)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(global_pre_hook)
+    try:
+        model(torch.zeros(2))
+        assert calls == ["global"]
+        model(torch.zeros(2))
+        assert calls == ["global", "pre"]
+    finally:
+        handle.remove()
+
+
+# --------------------------------------------------------------------- bootstrap
+def _python(code: str, env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_bootstrap_is_inert_without_a_run_dir(tmp_path: Path) -> None:
+    env = record_env(tmp_path)
+    del env["FSDPTRACE_RUN_DIR"]
+    code = "import sys; print(sorted(m for m in ('torch', 'fsdptrace') if m in sys.modules))"
+    assert _python(code, env) == "[]"
+
+
+def test_bootstrap_waits_for_the_script_to_import_torch(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "heavy = [m for m in ('torch', 'pyarrow', 'pandas', 'click') if m in sys.modules]\n"
+        "import torch\n"
+        "from fsdptrace.record import auto\n"
+        "print(heavy, sorted(auto._handles), torch.__spec__.loader.__class__.__name__)\n"
+    )
+    assert _python(code, record_env(tmp_path)) == "[] ['forward', 'optimizer'] SourceFileLoader"
+
+
+def test_bootstrap_runs_the_sitecustomize_it_shadows(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITE'] = 'ran'\n")
+    env = record_env(tmp_path / "run", base_env={**os.environ, "PYTHONPATH": str(other)})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(BOOTSTRAP_DIR), str(other)]
+    code = "import os, fsdptrace.record.auto as a; print(os.environ['OTHER_SITE'])"
+    assert _python(code, env) == "ran"
+
+
+# --------------------------------------------------------------------- launcher
+def test_record_env_says_exactly_what_was_asked(tmp_path: Path) -> None:
+    inherited = {"FSDPTRACE_STEPS": "5:6", "FSDPTRACE_RAISE": "1", "PATH": "/bin"}
+    env = record_env(Path("rel/run"), base_env=inherited)
+    assert env["FSDPTRACE_RUN_DIR"] == str(Path("rel/run").resolve())
+    assert "FSDPTRACE_STEPS" not in env and "FSDPTRACE_RAISE" not in env
+    assert env["PYTHONPATH"] == str(BOOTSTRAP_DIR) and env["PATH"] == "/bin"
+    env = record_env(tmp_path, steps="::2", raise_on_violation=True, base_env=env)
+    assert (env["FSDPTRACE_STEPS"], env["FSDPTRACE_RAISE"]) == ("::2", "1")
+    assert env["PYTHONPATH"] == str(BOOTSTRAP_DIR)  # not added twice
+
+
+def test_run_recorded_returns_the_exit_code(tmp_path: Path) -> None:
+    env = record_env(tmp_path)
+    assert run_recorded([sys.executable, "-c", "raise SystemExit(3)"], env) == 3
+    kill_self = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert run_recorded([sys.executable, "-c", kill_self], env) == 128 + signal.SIGKILL
+
+
+def test_run_recorded_forwards_sigterm(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    child = (
+        "import signal, sys, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        f"pathlib.Path({str(ready)!r}).touch()\n"
+        "time.sleep(30)\n"
+    )
+
+    def terminate_when_ready() -> None:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_when_ready, daemon=True).start()
+    assert run_recorded([sys.executable, "-c", child], record_env(tmp_path)) == 7
