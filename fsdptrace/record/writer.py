@@ -147,7 +147,12 @@ class ChunkWriter:
         buffer.num_chunks += 1
 
     def write_table(self, table_name: str, table: pa.Table, *, chunk: int) -> Path:
-        """Write one complete chunk file atomically: temp name, fsync-free rename."""
+        """Write one complete chunk file atomically: temp name, fsync-free rename.
+
+        The temp name is hidden (leading ``.``) as well as suffixed: a job killed mid-write
+        leaves it behind, and hive readers such as ``pyarrow.dataset`` skip dot-files but
+        would otherwise try to read the half-written file and fail on the whole table.
+        """
         directory = (
             self.run_dir
             / schema.TABLE_DIR.format(table=table_name)
@@ -155,7 +160,7 @@ class ChunkWriter:
         )
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / schema.PART_FILE.format(writer=self.writer_id, chunk=chunk)
-        temp = path.with_name(path.name + schema.TEMP_SUFFIX)
+        temp = path.with_name("." + path.name + schema.TEMP_SUFFIX)
         pq.write_table(table, temp, compression="zstd")
         os.replace(temp, path)
         self.bytes_written += path.stat().st_size

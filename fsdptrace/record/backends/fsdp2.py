@@ -73,34 +73,16 @@ class FSDP2Backend:
     def discover_units(self, parts: Sequence[nn.Module]) -> list[Unit]:
         units: list[Unit] = []
         for part_index, part in enumerate(parts):
-            fqns_by_state: dict[int, list[str]] = {}
-            state_by_id: dict[int, Any] = {}
-            modules_by_state: dict[int, list[nn.Module]] = {}
-            for fqn, module in part.named_modules(remove_duplicate=False):
-                if not isinstance(module, FSDPModule):
-                    continue
-                state = _fsdp_state(module)
-                if state is None or id(state) in self._name_by_state:
-                    continue
-                key = id(state)
-                if fqn in fqns_by_state.get(key, []):
-                    continue
-                state_by_id[key] = state
-                fqns_by_state.setdefault(key, []).append(fqn)
-                if module not in modules_by_state.setdefault(key, []):
-                    modules_by_state[key].append(module)
-            for key, fqns in fqns_by_state.items():
-                fqn = ",".join(fqns)
+            for state, members in _states_of(part, skip=self._name_by_state):
+                fqn = ",".join(f for f, _ in members)
                 name = unit_name(part_index, fqn, num_parts=len(parts))
-                units.append(self._make_unit(len(units), name, part_index, fqn, state_by_id[key],
-                                             tuple(modules_by_state[key])))
+                units.append(self._make_unit(len(units), name, part_index, state, members))
         for unit in units:
             self._name_by_state[id(unit.handle)] = unit.name
         return units
 
-    def _make_unit(
-        self, index: int, name: str, part: int, fqn: str, state: Any, modules: tuple[nn.Module, ...]
-    ) -> Unit:
+    def _make_unit(self, index: int, name: str, part: int, state: Any,
+                   members: list[tuple[str, nn.Module]]) -> Unit:
         param_names: list[str] = []
         num_elements = 0
         for group in param_groups(state):
@@ -109,23 +91,24 @@ class FSDP2Backend:
                 shape = getattr(fsdp_param, "_orig_size", None)
                 num_elements += int(torch.Size(shape).numel()) if shape is not None else 0
         if not any(param_names):
-            # Before lazy init FSDP has no FQNs; name parameters relative to the unit.
+            # Before lazy init FSDP has no FQNs; name parameters as it will (relative to the
+            # part root), each module of a grouped unit under its own FQN.
             param_names = [
-                f"{fqn}.{n}" if fqn and "," not in fqn else n
-                for m in modules
+                f"{fqn}.{n}" if fqn else n
+                for fqn, m in members
                 for n, p in m.named_parameters()
                 if not _owned_by_child_unit(m, n)
             ]
+        fqn = ",".join(f for f, _ in members)
         return Unit(
             index=index,
             name=name,
             part=part,
             fqn=fqn,
-            modules=modules,
+            modules=tuple(m for _, m in members),
             handle=state,
             is_root=fqn == "",
-            module_type=",".join(type(m).__mro__[1].__name__ if type(m).__name__.startswith(
-                "FSDP") else type(m).__name__ for m in modules),
+            module_type=",".join(_original_type_name(m) for _, m in members),
             param_names=param_names,
             num_param_elements=num_elements,
         )
@@ -164,14 +147,22 @@ class FSDP2Backend:
         return False, "none"
 
     def pending_all_gathers(self, unit: Unit) -> list[PendingAllGather]:
+        """Issued gathers not yet waited on, and gathered parameters held across the boundary.
+
+        A blocking ``unshard()`` copies its result out at once, but the group then stays
+        unsharded: at the next forward FSDP skips the all-gather and runs on the parameters
+        gathered before ``optimizer.step()`` (stale by one update; measured).
+        """
         pending = []
         for index, group in enumerate(param_groups(unit.handle)):
             result = getattr(group, "_all_gather_result", None)
-            if result is None:
-                continue
-            work = getattr(result, "all_gather_work", None)
-            state = "handle=set" if work is not None else "completed-not-consumed"
-            pending.append(PendingAllGather("param_group", f"group[{index}]", state))
+            if result is not None:
+                work = getattr(result, "all_gather_work", None)
+                state = "handle=set" if work is not None else "completed-not-consumed"
+                pending.append(PendingAllGather("param_group", f"group[{index}]", state))
+            elif getattr(group, "is_unsharded", False) is True:
+                pending.append(PendingAllGather("param_group", f"group[{index}]",
+                                                "unsharded-held"))
         return pending
 
     def is_recompute(self, unit: Unit) -> bool:
@@ -206,6 +197,32 @@ class FSDP2Backend:
         state._pre_forward = pre_forward
         state._post_forward = post_forward
         return InstanceAttributePatch(state, ("_pre_forward", "_post_forward"))
+
+
+def _states_of(part: nn.Module, *, skip: dict[int, str]
+               ) -> list[tuple[Any, list[tuple[str, nn.Module]]]]:
+    """Each FSDP state of ``part`` (not in ``skip``) with its modules and their FQNs, in order.
+
+    A grouped ``fully_shard([a, b])`` state owns several modules; a module reachable under two
+    names (shared submodule) is listed once.
+    """
+    members: dict[int, list[tuple[str, nn.Module]]] = {}
+    states: dict[int, Any] = {}
+    for fqn, module in part.named_modules():
+        state = _fsdp_state(module) if isinstance(module, FSDPModule) else None
+        if state is None or id(state) in skip:
+            continue
+        states[id(state)] = state
+        members.setdefault(id(state), []).append((fqn, module))
+    return [(states[key], value) for key, value in members.items()]
+
+
+def _original_type_name(module: nn.Module) -> str:
+    """The user's class name: ``fully_shard`` swaps in a dynamic ``FSDP<Name>`` subclass."""
+    for cls in type(module).__mro__:
+        if not issubclass(cls, FSDPModule):
+            return cls.__name__
+    return type(module).__name__
 
 
 def _owned_by_child_unit(module: nn.Module, param_name: str) -> bool:
