@@ -34,7 +34,7 @@ def event_columns(unit_names: list[str]) -> Callable[[list[tuple]], dict[str, An
     phases = pa.array(list(schema.PHASES), pa.string())
 
     def to_columns(rows: list[tuple]) -> dict[str, Any]:
-        seq, t_ns, step, micro, phase, unit = zip(*rows)
+        seq, t_ns, step, micro, phase, unit = zip(*rows, strict=True)
         return {
             "seq": list(seq),
             "t_ns": list(t_ns),

@@ -45,7 +45,8 @@ def plain_columns(table: str) -> Callable[[list[tuple]], dict[str, list]]:
     names = schema.TABLES[table].names
 
     def to_columns(rows: list[tuple]) -> dict[str, list]:
-        return {name: list(column) for name, column in zip(names, zip(*rows))}
+        columns = zip(*rows, strict=True)
+        return {name: list(column) for name, column in zip(names, columns, strict=True)}
 
     return to_columns
 

@@ -127,7 +127,7 @@ class FSDP2Backend:
     def gradients(self, unit: Unit) -> list[GradientPresence]:
         rows = []
         for group in param_groups(unit.handle):
-            for index, fsdp_param in enumerate(getattr(group, "fsdp_params", ())):
+            for fsdp_param in getattr(group, "fsdp_params", ()):
                 label = _param_label(fsdp_param, len(rows), unit.param_names)
                 rows.append(GradientPresence(label, *self._grad_source(fsdp_param)))
         return rows
