@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdptrace.errors import FsdptraceError
+from fsdptrace.record.steps import parse_steps
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 RUN_DIR_ENV = "FSDPTRACE_RUN_DIR"
@@ -37,8 +38,9 @@ def record_env(
     Sets ``FSDPTRACE_RUN_DIR`` (absolute: ranks may change directory), ``FSDPTRACE_STEPS``
     and ``FSDPTRACE_RAISE`` exactly as asked (an inherited value is dropped, so the
     recording is what the arguments say), and puts the bootstrap ``sitecustomize`` first on
-    ``PYTHONPATH``.
+    ``PYTHONPATH``. A bad ``steps`` spec raises ``ValueError`` here, before anything runs.
     """
+    parse_steps(steps)
     env = dict(os.environ if base_env is None else base_env)
     env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
     env.pop(STEPS_ENV, None)
