@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from fsdptrace.record.launch import BOOTSTRAP_DIR, record_env, run_recorded
+from fsdptrace.record.recorder import DEFAULT_RUNS_ROOT
 from tests.jobs import REPO, kill_all
 
 SCRIPTS = REPO / "tests" / "jobs_scripts"
@@ -254,6 +255,15 @@ def test_record_env_says_exactly_what_was_asked(tmp_path: Path) -> None:
     assert env["PYTHONPATH"] == str(BOOTSTRAP_DIR)  # not added twice
     with pytest.raises(ValueError, match="bad steps spec"):
         record_env(tmp_path, steps="bogus")
+
+
+def test_launcher_is_light_and_agrees_with_the_recorder() -> None:
+    code = (
+        "import sys, fsdptrace.record.launch as l\n"
+        "print([m for m in ('torch', 'pyarrow', 'pandas') if m in sys.modules], "
+        "l.default_run_dir().parent)\n"
+    )
+    assert _python(code, dict(os.environ)) == f"[] {DEFAULT_RUNS_ROOT}"
 
 
 def test_run_recorded_returns_the_exit_code(tmp_path: Path) -> None:

@@ -4,13 +4,14 @@
 ``PYTHONPATH``; its ``sitecustomize`` calls ``install_auto_attach`` once torch is imported.
 Two process-wide hooks then do what the one explicit line would:
 
-- a global module forward pre-hook attaches a recorder at the first training forward of an
-  FSDP root that nothing records yet, then removes itself (one root per process: a second
-  root, a teacher model or a second pipeline stage, is not recorded; list them all in an
-  explicit ``fsdptrace.attach([...])`` for that);
+- a global module forward pre-hook attaches a recorder at the first training (grad-enabled)
+  forward of an FSDP root that nothing records yet, then removes itself. One root per
+  process: a second root (a teacher model, a second pipeline stage) is not recorded; list
+  them all in an explicit ``fsdptrace.attach([...])`` for that;
 - a global optimizer step pre-hook closes the step of every live recorder that has no
-  optimizer of its own, so an explicit ``attach(model)`` without ``optimizer=`` still gets
-  boundaries, and a recorder with one is never closed twice per step.
+  optimizer of its own and whose script does not number steps itself, so an explicit
+  ``attach(model)`` without ``optimizer=`` still gets boundaries, and no recorder is closed
+  twice per step.
 
 An explicit ``attach`` on the same model wins: ``registry.forget`` closes the automatic one.
 Any failure here disables zero-code recording with one warning; the job goes on.
@@ -23,6 +24,7 @@ import importlib.util
 import os
 import sys
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from fsdptrace.errors import LifecycleError
@@ -37,6 +39,7 @@ RUN_DIR_ENV = "FSDPTRACE_RUN_DIR"  # same name as recorder.RUN_DIR_ENV, without 
 # torch.utils.hooks.RemovableHandle for each installed global hook; empty when not installed.
 _handles: dict[str, Any] = {}
 _disabled = False
+_attached: weakref.WeakSet[Recorder] = weakref.WeakSet()  # the recorders this module made
 
 
 def install_auto_attach() -> bool:
@@ -84,7 +87,8 @@ class _AfterTorchImport:
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != "torch":
             return None
-        sys.meta_path.remove(self)
+        if self in sys.meta_path:  # another thread may have got here first
+            sys.meta_path.remove(self)
         spec = importlib.util.find_spec("torch")
         if spec is None or spec.loader is None:
             return None
@@ -124,6 +128,8 @@ def _disable(reason: str) -> None:
         return
     _disabled = True
     uninstall_auto_attach()
+    for recorder in list(_attached):  # without the step hook their steps would run together
+        recorder.disable(f"zero-code recording failed: {reason}")
     warnings.warn(
         f"fsdptrace: zero-code recording disabled: {reason}", RuntimeWarning, stacklevel=3
     )
@@ -179,6 +185,7 @@ def _attach_root(module: nn.Module) -> None:
     from fsdptrace.record.attach import attach
 
     recorder = attach(module)
+    _attached.add(recorder)
     # nn.Module snapshots its pre-hooks before calling the first one, so the hooks attach just
     # registered on this module miss this call; do their work (tests pin that behaviour).
     if not recorder.on_part_forward(0):
@@ -196,10 +203,10 @@ def _attach_root(module: nn.Module) -> None:
 # --------------------------------------------------------------------- optimizer: boundaries
 def _optimizer_step_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     try:
-        for recorder in _recorders_without_optimizer():
-            # A step with no training forward since the last boundary adds nothing: a second
-            # optimizer, or a script that already called before_optimizer_step itself.
-            if recorder._micro_started:
+        from fsdptrace.record import registry
+
+        for recorder in registry.live_recorders():
+            if _step_ends_here(recorder):
                 recorder.before_optimizer_step()
     except LifecycleError:
         raise  # live checks stop the step on purpose
@@ -207,7 +214,15 @@ def _optimizer_step_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         _disable(f"optimizer step pre-hook failed: {type(error).__name__}: {error}")
 
 
-def _recorders_without_optimizer() -> list[Recorder]:
-    from fsdptrace.record import registry
+def _step_ends_here(recorder: Recorder) -> bool:
+    """Whether this optimizer step closes ``recorder``'s step (reads recorder internals).
 
-    return [r for r in registry.live_recorders() if r._optimizer_handle is None]
+    Not when its own optimizer hook does, nor when the script numbers steps itself
+    (``begin_micro_step`` then ``before_optimizer_step``), nor when no training forward ran
+    since the last boundary: a second optimizer in the same step adds nothing.
+    """
+    return (
+        recorder._optimizer_handle is None
+        and not recorder._manual_micro_steps
+        and recorder._micro_started
+    )

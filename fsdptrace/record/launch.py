@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,15 @@ RUN_DIR_ENV = "FSDPTRACE_RUN_DIR"
 STEPS_ENV = "FSDPTRACE_STEPS"
 RAISE_ENV = "FSDPTRACE_RAISE"
 
+# recorder.DEFAULT_RUNS_ROOT, which attach() also uses; not imported: recorder imports torch.
+DEFAULT_RUNS_ROOT = "fsdptrace_runs"
+
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def default_run_dir() -> Path:
+    """``./fsdptrace_runs/<timestamp>``: where a recording goes when nobody says."""
+    return Path(DEFAULT_RUNS_ROOT) / time.strftime("%Y%m%d-%H%M%S")
 
 
 def record_env(
