@@ -36,7 +36,7 @@ _PREFETCH_ATTR = {
 }
 
 
-def _fsdp_state(module: nn.Module) -> Any:
+def _fsdp_state(module: Any) -> Any:
     getter = getattr(module, "_get_fsdp_state", None)
     return getter() if getter is not None else None
 
@@ -125,7 +125,7 @@ class FSDP2Backend:
         return names
 
     def gradients(self, unit: Unit) -> list[GradientPresence]:
-        rows = []
+        rows: list[GradientPresence] = []
         for group in param_groups(unit.handle):
             for fsdp_param in getattr(group, "fsdp_params", ()):
                 label = _param_label(fsdp_param, len(rows), unit.param_names)
