@@ -44,7 +44,7 @@ class Scenario:
     wrong_backward_prefetch: bool = False
     missing_target: bool = False
     bypassed_child: bool = False
-    rank_divergence: bool = False
+    rank_divergence: bool = False  # rank 1 swaps two same-shaped layers (no explicit prefetch)
     config_divergence: bool = False
     pending_all_gather: bool = False
     order_instability: bool = False
@@ -116,6 +116,12 @@ def build(sc: Scenario, rank: int) -> tuple[TinyModel, torch.optim.Optimizer]:
     fully_shard(model.adapter)
     fully_shard(model)
     layers = list(model.layers)
+    if sc.rank_divergence:
+        # Explicit prefetch would make the ranks issue different numbers of all-gathers and
+        # hang; without it, they pair same-shaped collectives crosswise and go on silently.
+        if rank == 1:
+            model.order = [0, 2, 1, 3]
+        return model, torch.optim.AdamW(model.parameters(), lr=0.01)
     for i, layer in enumerate(layers):
         forward = [layers[i + 1]] if i + 1 < len(layers) else []
         backward = [layers[i - 1]] if i > 0 else []
@@ -129,8 +135,6 @@ def build(sc: Scenario, rank: int) -> tuple[TinyModel, torch.optim.Optimizer]:
         layers[3].set_modules_to_forward_prefetch([model.adapter])
     if sc.config_divergence and rank == 1:
         layers[0].set_modules_to_forward_prefetch([layers[2]])
-    if sc.rank_divergence and rank == 1:
-        model.order = [0, 2, 1, 3]
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
 

@@ -1,0 +1,25 @@
+"""One module per subcommand; each parses, calls the library, and renders."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+_MODULES = ("record", "analyze", "summary", "export", "suggest", "report")
+
+
+def _load() -> list[click.Command]:
+    commands = []
+    for name in _MODULES:
+        try:
+            module = importlib.import_module(f"fsdptrace_cli.commands.{name}")
+        except ModuleNotFoundError as error:
+            if error.name == f"fsdptrace_cli.commands.{name}":
+                continue  # command not built yet
+            raise
+        commands.append(module.command)
+    return commands
+
+
+COMMANDS = _load()

@@ -1,0 +1,55 @@
+"""``fsdptrace record -- COMMAND``: record a training job without changing its script."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import click
+
+from fsdptrace_cli.commands.analyze import FAIL_ON, run_analysis
+
+
+@click.command("record", context_settings={"ignore_unknown_options": True,
+                                           "allow_interspersed_args": False})
+@click.option("--run-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Where to write the recording [default: ./fsdptrace_runs/<timestamp>].")
+@click.option("--steps", metavar="SPEC",
+              help="Record only these optimizer steps, e.g. 10:20, ::5 or 0,3,100:.")
+@click.option("--raise", "raise_on_violation", is_flag=True,
+              help="Check before each optimizer.step() and stop the job on an error.")
+@click.option("--fail-on", type=click.Choice(list(FAIL_ON)), default="error", show_default=True,
+              help="Exit 1 when the analysis finds this severity or worse.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def command(ctx: click.Context, run_dir: Path | None, steps: str | None,
+            raise_on_violation: bool, fail_on: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND with every rank it starts recorded, then print the analysis.
+
+    Works for `python train.py` and `torchrun ... train.py` alike, with no change to the
+    script (a script that calls fsdptrace.attach itself writes to the same run dir).
+    Exit status: the training command's own when it fails, else the analysis's.
+
+    \b
+    Example:
+      fsdptrace record --run-dir runs/a -- torchrun --nproc-per-node 2 train.py
+      fsdptrace record --steps 100:110 -- python train.py --config big.yaml
+    """
+    from fsdptrace.record.launch import record_env, run_recorded
+    from fsdptrace.record.steps import parse_steps
+
+    parse_steps(steps)  # a bad spec fails here, before the job starts
+    if run_dir is None:
+        run_dir = Path("fsdptrace_runs") / time.strftime("%Y%m%d-%H%M%S")
+    run_dir = run_dir.resolve()
+    click.echo(f"fsdptrace: recording to {run_dir}", err=True)
+    env = record_env(run_dir, steps=steps, raise_on_violation=raise_on_violation)
+    returncode = run_recorded(list(command), {**os.environ, **env})
+    click.echo(f"fsdptrace: command exited with {returncode}; run dir {run_dir}", err=True)
+    if not run_dir.exists():
+        click.echo("fsdptrace: nothing was recorded (no FSDP2 forward ran?)", err=True)
+        ctx.exit(returncode or 2)
+    analysis_code = run_analysis(run_dir, fmt="text", output=None, checks=(), fail_on=fail_on,
+                                 jobs=1)
+    ctx.exit(returncode if returncode != 0 else analysis_code)

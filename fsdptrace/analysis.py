@@ -1,0 +1,174 @@
+"""``fsdptrace.analyze``: run the checks over a run dir as map (per rank) and reduce.
+
+The map step reads one rank, runs the per-rank checks and keeps only small summaries (order
+signatures, the last unit entered, how the recording ended). The reduce step compares those
+across ranks and re-reads just the few diverging orders it must spell out. Memory stays
+bounded by one rank's data plus the summaries, and the map fans out over processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from fsdptrace import reader, schema
+from fsdptrace.checks import (
+    CHECKS,
+    bypassed_unit,
+    findings,
+    order_instability,
+    pending_all_gather,
+    prefetch_config_divergence,
+    prefetch_order,
+    rank_divergence,
+    resolve,
+    stalled_rank,
+)
+from fsdptrace.checks.order import drop_cut_off, signatures, unit_sets, with_positions
+from fsdptrace.trace import Trace, check_meta, load
+
+
+@dataclass
+class RankSummary:
+    """What the map step keeps of one rank (or of a whole in-memory trace)."""
+
+    findings: pd.DataFrame
+    signatures: pd.DataFrame
+    config_signatures: pd.DataFrame
+    unit_sets: pd.DataFrame
+    last: pd.DataFrame
+    ends: pd.DataFrame
+    meta: pd.DataFrame
+    ranks: list[int]
+
+
+def per_rank_findings(trace: Trace, names: Iterable[str]) -> pd.DataFrame:
+    """Checks 1, 2, 3 and 7 on the tables of one or more ranks (also the live path)."""
+    names = set(names)
+    out = []
+    if prefetch_order.NAME in names:
+        out.append(prefetch_order.check(trace.events, trace.prefetch, trace.markers))
+    if bypassed_unit.NAME in names:
+        out.append(bypassed_unit.check(trace.events, trace.units, trace.gradients))
+    if pending_all_gather.NAME in names:
+        out.append(pending_all_gather.check(trace.pending))
+    if order_instability.NAME in names:
+        out.append(order_instability.check(trace.events, trace.markers))
+    return findings.combine(out)
+
+
+def complete_orders(trace: Trace) -> pd.DataFrame:
+    """Positioned events without the cut-off tail of stalled ranks (input of check 4)."""
+    return with_positions(drop_cut_off(trace.events, trace.markers))
+
+
+def map_trace(trace: Trace, names: Iterable[str]) -> RankSummary:
+    """The map step: per-rank findings plus the summaries the reduce step compares."""
+    markers = trace.markers
+    ends = markers[markers["kind"].isin([schema.MARKER_CLOSE, schema.MARKER_CRASH])]
+    return RankSummary(
+        findings=per_rank_findings(trace, names),
+        signatures=signatures(complete_orders(trace)),
+        config_signatures=prefetch_config_divergence.config_signatures(trace.prefetch),
+        unit_sets=unit_sets(trace.units),
+        last=stalled_rank.last_positions(trace.events),
+        ends=ends,
+        meta=trace.meta,
+        ranks=trace.ranks,
+    )
+
+
+def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
+                     fetch_orders: Callable[[list[int]], pd.DataFrame],
+                     fetch_prefetch: Callable[[list[int]], pd.DataFrame]) -> pd.DataFrame:
+    """The reduce step: checks 4, 5 and 6 across ranks, merged with the per-rank findings."""
+    names = set(names)
+    cat = _concat_field
+    out = [cat(summaries, "findings")]
+    sets = cat(summaries, "unit_sets")
+    if rank_divergence.NAME in names:
+        sigs = cat(summaries, "signatures")
+        minority = rank_divergence.divergent(sigs, sets)
+        needed = sorted(set(minority["rank"]) | set(minority["reference_rank"]))
+        if needed:
+            out.append(rank_divergence.check(sigs, sets, fetch_orders(needed)))
+    if prefetch_config_divergence.NAME in names:
+        config = cat(summaries, "config_signatures")
+        ranks = sorted(int(r) for r in config["rank"].unique()) if len(config) else []
+        if len(set(config.get("signature", []))) > 1:
+            out.append(prefetch_config_divergence.check(config, sets, fetch_prefetch(ranks)))
+    if stalled_rank.NAME in names:
+        ranks = sorted({r for s in summaries for r in s.ranks})
+        out.append(stalled_rank.check(cat(summaries, "meta"), cat(summaries, "ends"),
+                                      cat(summaries, "last"), ranks))
+    return findings.combine(out)
+
+
+def _concat_field(summaries: list[RankSummary], name: str) -> pd.DataFrame:
+    frames = [getattr(s, name) for s in summaries]
+    non_empty = [f for f in frames if len(f)]
+    if not non_empty:
+        return frames[0] if frames else pd.DataFrame()
+    return pd.concat(non_empty, ignore_index=True)
+
+
+def _map_rank(run_dir: Path, rank: int, names: list[str]) -> RankSummary:
+    return map_trace(load(run_dir, ranks=[rank]), names)
+
+
+def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None = None, *,
+            jobs: int = 1, progress: Callable[[int], None] | None = None) -> pd.DataFrame:
+    """Run the checks of CHECKS.md; returns findings sorted by severity, step, rank.
+
+    ``source`` is a run dir (read rank by rank, ``jobs`` processes) or a loaded ``Trace``.
+    ``progress`` is called with the number of ranks done so far.
+    """
+    names = resolve(list(checks) if checks is not None else None)
+    if isinstance(source, Trace):
+        return _analyze_trace(source, names)
+    run_dir = Path(source)
+    reader.check_run_dir(run_dir)
+    ranks = reader.discover_ranks(run_dir)
+    summaries = _map_ranks(run_dir, ranks, names, jobs, progress)
+    check_meta(_concat_field(summaries, "meta"), run_dir)
+
+    def fetch_orders(needed: list[int]) -> pd.DataFrame:
+        return complete_orders(load(run_dir, ranks=needed))
+
+    def fetch_prefetch(needed: list[int]) -> pd.DataFrame:
+        return load(run_dir, ranks=needed).prefetch
+
+    return reduce_summaries(summaries, names, fetch_orders, fetch_prefetch)
+
+
+def _analyze_trace(trace: Trace, names: list[str]) -> pd.DataFrame:
+    summary = map_trace(trace, names)
+    return reduce_summaries([summary], names, lambda _: complete_orders(trace),
+                            lambda _: trace.prefetch)
+
+
+def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
+               progress: Callable[[int], None] | None) -> list[RankSummary]:
+    summaries: list[RankSummary] = []
+    if jobs <= 1 or len(ranks) <= 1:
+        for rank in ranks:
+            summaries.append(_map_rank(run_dir, rank, names))
+            if progress:
+                progress(len(summaries))
+        return summaries
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for summary in pool.map(_map_rank, [run_dir] * len(ranks), ranks, [names] * len(ranks),
+                                chunksize=max(1, len(ranks) // (jobs * 8))):
+            summaries.append(summary)
+            if progress:
+                progress(len(summaries))
+    return summaries
+
+
+__all__ = ["CHECKS", "RankSummary", "analyze", "map_trace", "per_rank_findings",
+           "reduce_summaries"]

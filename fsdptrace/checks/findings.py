@@ -1,0 +1,73 @@
+"""The findings table every check returns: the columns of CHECKS.md, one row per finding."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+COLUMNS = ["check", "severity", "rank", "step", "micro_step", "phase", "unit", "target", "message"]
+ERROR = "error"
+WARNING = "warning"
+SEVERITY_ORDER = {ERROR: 0, WARNING: 1}
+
+_DTYPES = {
+    "check": "string",
+    "severity": "string",
+    "rank": "Int64",
+    "step": "Int64",
+    "micro_step": "Int64",
+    "phase": "string",
+    "unit": "string",
+    "target": "string",
+    "message": "string",
+}
+
+
+def empty() -> pd.DataFrame:
+    """No findings, with the right columns and dtypes."""
+    return pd.DataFrame({c: pd.Series([], dtype=_DTYPES[c]) for c in COLUMNS})
+
+
+def make(check: str, severity: str, rows: pd.DataFrame, message: Iterable[str]) -> pd.DataFrame:
+    """Build findings from a frame holding some of the location columns, plus messages."""
+    frame = pd.DataFrame(index=rows.index)
+    frame["check"] = check
+    frame["severity"] = severity
+    for column in ("rank", "step", "micro_step", "phase", "unit", "target"):
+        frame[column] = rows[column] if column in rows else None
+    frame["message"] = list(message)
+    return normalize(frame.reset_index(drop=True))
+
+
+def from_records(records: list[dict[str, Any]]) -> pd.DataFrame:
+    if not records:
+        return empty()
+    return normalize(pd.DataFrame.from_records(records, columns=COLUMNS))
+
+
+def normalize(frame: pd.DataFrame) -> pd.DataFrame:
+    """Cast to the declared dtypes; categoricals become plain strings."""
+    out = pd.DataFrame(index=frame.index)
+    for column in COLUMNS:
+        values = frame[column] if column in frame else pd.Series(None, index=frame.index)
+        if isinstance(values.dtype, pd.CategoricalDtype):
+            values = values.astype(object)
+        out[column] = values.astype(_DTYPES[column])
+    return out
+
+
+def combine(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
+    """Concatenate findings and sort them: errors first, then by step, rank, check."""
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return empty()
+    merged = pd.concat(frames, ignore_index=True)
+    order = merged["severity"].map(SEVERITY_ORDER).fillna(9)
+    merged = merged.assign(_severity=order).sort_values(
+        ["_severity", "step", "rank", "check", "micro_step", "phase", "unit", "target"],
+        na_position="first",
+        kind="stable",
+    )
+    return normalize(merged.drop(columns="_severity").reset_index(drop=True))

@@ -1,0 +1,124 @@
+"""Order primitives shared by the checks: positions, order signatures, first differences.
+
+All vectorized: an order is never materialized as a Python list per group; it is a
+``(rank, step, micro_step, phase, position, unit)`` frame, and comparing two orders is a merge.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fsdptrace import schema
+
+GROUP = ["rank", "step", "micro_step", "phase"]
+_PHASE_RANK = {schema.FORWARD: 0, schema.BACKWARD: 1}
+
+
+def with_positions(events: pd.DataFrame) -> pd.DataFrame:
+    """Events sorted by rank and seq, with each one's ``position`` in its order."""
+    ordered = events.sort_values(["rank", "seq"], kind="stable")
+    return ordered.assign(
+        position=ordered.groupby(GROUP, observed=True, sort=False).cumcount().astype("int64")
+    )
+
+
+def first_positions(positioned: pd.DataFrame) -> pd.DataFrame:
+    """A unit's position in an order is its first: repeated calls keep their data only."""
+    return positioned.drop_duplicates(GROUP + ["unit"], keep="first")
+
+
+def stalled_ranks(markers: pd.DataFrame, ranks: pd.Series | list[int]) -> set[int]:
+    """Ranks whose recording has no clean-close marker."""
+    closed = set()
+    if len(markers):
+        closed = {int(r) for r in markers.loc[markers["kind"] == schema.MARKER_CLOSE, "rank"]}
+    return {int(r) for r in ranks} - closed
+
+
+def drop_cut_off(events: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
+    """Drop each stalled rank's last micro-step: it was cut off, not run that way."""
+    if not len(events):
+        return events
+    stalled = stalled_ranks(markers, events["rank"].unique())
+    if not stalled:
+        return events
+    key = events["step"].astype("int64") * 1_000_000 + events["micro_step"].astype("int64")
+    last = key.groupby(events["rank"]).transform("max")
+    cut = events["rank"].isin(stalled) & (key == last)
+    return events[~cut]
+
+
+def signatures(positioned: pd.DataFrame) -> pd.DataFrame:
+    """One order-sensitive 64-bit hash per (rank, step, micro_step, phase), and its length.
+
+    Hashes the unit *names* (not category codes), so ranks with differently ordered
+    categories still agree; the position is mixed in so that order matters.
+    """
+    if not len(positioned):
+        return pd.DataFrame(columns=GROUP + ["signature", "length"])
+    unit_hash = pd.util.hash_array(positioned["unit"].astype(str).to_numpy())
+    mixed = pd.util.hash_array(
+        (unit_hash ^ (positioned["position"].to_numpy().astype(np.uint64) * np.uint64(
+            0x9E3779B97F4A7C15)))
+    )
+    frame = positioned[GROUP].copy()
+    frame["signature"] = mixed
+    grouped = frame.groupby(GROUP, observed=True, sort=True)
+    out = grouped["signature"].sum().to_frame()
+    out["length"] = grouped.size()
+    return out.reset_index()
+
+
+def first_difference(left: pd.DataFrame, right: pd.DataFrame, on: list[str]) -> pd.DataFrame:
+    """For each pair of orders keyed by ``on``, the first index where they differ.
+
+    ``left``/``right`` hold ``on + [position, unit]``. Returns ``on + [index, left_unit,
+    right_unit]``; a side that ended early shows ``<end>``.
+    """
+    merged = left[on + ["position", "unit"]].merge(
+        right[on + ["position", "unit"]], on=on + ["position"], how="outer",
+        suffixes=("_left", "_right"),
+    )
+    lu = merged["unit_left"].astype(object)
+    ru = merged["unit_right"].astype(object)
+    differs = lu.isna() | ru.isna() | (lu != ru)
+    diff = merged[differs].sort_values(on + ["position"])
+    first = diff.drop_duplicates(on, keep="first")
+    return pd.DataFrame({
+        **{c: first[c].to_numpy() for c in on},
+        "index": first["position"].to_numpy(),
+        "left_unit": first["unit_left"].astype(object).fillna("<end>").to_numpy(),
+        "right_unit": first["unit_right"].astype(object).fillna("<end>").to_numpy(),
+    })
+
+
+def unit_sets(units: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, a hash of the set of unit names: ranks of different stages never compare."""
+    if not len(units):
+        return pd.DataFrame(columns=["rank", "unit_set"])
+    distinct = units[["rank", "unit"]].drop_duplicates()
+    hashed = pd.util.hash_array(distinct["unit"].astype(str).to_numpy())
+    sets = pd.Series(hashed, index=distinct.index).groupby(distinct["rank"]).sum()
+    return sets.rename("unit_set").reset_index()
+
+
+def majority(groups: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
+    """Per group, the most common ``value``; ties go to the value held by the lowest rank.
+
+    Returns ``keys + [value, "reference_rank", "num_agree"]``.
+    """
+    counts = groups.groupby(keys + [value], observed=True, sort=False).agg(
+        num_agree=("rank", "size"), reference_rank=("rank", "min")
+    ).reset_index()
+    counts = counts.sort_values(keys + ["num_agree", "reference_rank"],
+                                ascending=[True] * len(keys) + [False, True])
+    return counts.drop_duplicates(keys, keep="first")
+
+
+def progress_key(step: pd.Series, micro_step: pd.Series, phase: pd.Series,
+                 position: pd.Series) -> pd.Series:
+    """A sortable number for how far a rank got (step, micro-step, phase, position)."""
+    phase_rank = phase.astype(object).map(_PHASE_RANK).fillna(0).astype("int64")
+    return (step.astype("int64") * 1_000_000_000 + micro_step.astype("int64") * 1_000_000
+            + phase_rank * 100_000 + position.astype("int64"))

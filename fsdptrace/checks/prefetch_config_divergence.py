@@ -1,0 +1,106 @@
+"""Check 5, prefetch-config-divergence: ranks with the same units but different edges."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fsdptrace.checks import findings
+from fsdptrace.checks.order import majority
+
+NAME = "prefetch-config-divergence"
+SEVERITY = findings.ERROR
+_SNAPSHOT = ["rank", "step", "micro_step"]
+
+
+def config_signatures(prefetch: pd.DataFrame) -> pd.DataFrame:
+    """One hash per recorded snapshot of a rank's edges: (rank, step, micro_step, signature)."""
+    if not len(prefetch):
+        return pd.DataFrame(columns=_SNAPSHOT + ["signature"])
+    edges = prefetch.dropna(subset=["target"])
+    text = (edges["unit"].astype(str) + "\x1f" + edges["phase"].astype(str) + "\x1f"
+            + edges["target"].astype(str) + "\x1f" + edges["target_index"].astype(str))
+    hashed = pd.Series(pd.util.hash_array(text.to_numpy()), index=edges.index)
+    sums = hashed.groupby([edges["rank"].astype("int64"), edges["step"], edges["micro_step"]]
+                          ).sum().rename("signature").reset_index()
+    snapshots = prefetch[_SNAPSHOT].drop_duplicates().assign(
+        rank=lambda f: f["rank"].astype("int64"))
+    out = snapshots.merge(sums, on=_SNAPSHOT, how="left")
+    out["signature"] = out["signature"].fillna(0).astype("uint64")
+    return out
+
+
+def effective(signatures: pd.DataFrame) -> pd.DataFrame:
+    """Each rank's configuration at every (step, micro_step) where any rank took a snapshot.
+
+    Adds ``snap_step``/``snap_micro``: the rank's own snapshot in effect then.
+    """
+    keys = signatures[["step", "micro_step"]].drop_duplicates()
+    ranks = signatures[["rank"]].drop_duplicates()
+    grid = ranks.merge(keys, how="cross")
+    grid["key"] = grid["step"].astype("int64") * 1_000_000 + grid["micro_step"].astype("int64")
+    own = signatures.rename(columns={"step": "snap_step", "micro_step": "snap_micro"})
+    own = own.assign(key=own["snap_step"].astype("int64") * 1_000_000
+                     + own["snap_micro"].astype("int64"))
+    merged = pd.merge_asof(grid.sort_values("key"), own.sort_values("key"), on="key", by="rank",
+                           direction="backward")
+    return merged.dropna(subset=["snap_step"]).drop(columns="key")
+
+
+def _target_lists(prefetch: pd.DataFrame) -> pd.DataFrame:
+    """Per snapshot and (unit, phase): the configured targets as ``[a, b]`` text."""
+    ordered = prefetch.sort_values(["unit", "phase", "target_index"])
+    lists = ordered.groupby(_SNAPSHOT + ["unit", "phase"], sort=True)["target"].agg(
+        lambda t: "[" + ", ".join(map(str, t)) + "]")
+    return lists.rename("targets").reset_index()
+
+
+def _differences(odd: pd.DataFrame, lists: pd.DataFrame) -> pd.Series:
+    """For each odd row, the edges that differ from its reference rank, as one text."""
+    left = odd[["rank", "snap_step", "snap_micro", "reference_rank", "ref_snap_step",
+                "ref_snap_micro"]].merge(
+        lists.rename(columns={"step": "snap_step", "micro_step": "snap_micro"}),
+        on=["rank", "snap_step", "snap_micro"], how="left")
+    right = lists.rename(columns={"rank": "reference_rank", "step": "ref_snap_step",
+                                  "micro_step": "ref_snap_micro", "targets": "ref_targets"})
+    keys = ["reference_rank", "ref_snap_step", "ref_snap_micro"]
+    pairs = odd[["rank", "snap_step", "snap_micro"] + keys].merge(right, on=keys, how="left")
+    both = left.merge(pairs, on=["rank", "snap_step", "snap_micro"] + keys + ["unit", "phase"],
+                      how="outer")
+    both = both[both["targets"].fillna("[]") != both["ref_targets"].fillna("[]")]
+    both["line"] = (both["unit"] + " " + both["phase"] + " -> " + both["targets"].fillna("[]")
+                    + " (rank " + both["reference_rank"].astype(str) + ": "
+                    + both["ref_targets"].fillna("[]") + ")")
+    lines = both.groupby("rank", sort=False)["line"].agg(lambda ls: "; ".join(ls))
+    return odd["rank"].map(lines).fillna("edges differ")
+
+
+def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, prefetch: pd.DataFrame
+          ) -> pd.DataFrame:
+    """Compare the snapshots ranks recorded at the same (step, micro_step)."""
+    if not len(signatures):
+        return findings.empty()
+    sigs = effective(signatures).merge(unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
+    slot = ["unit_set", "step", "micro_step"]
+    sigs["num_ranks"] = sigs.groupby(slot)["rank"].transform("size")
+    sigs = sigs[sigs["num_ranks"] >= 2]
+    best = majority(sigs, slot, "signature").rename(columns={"signature": "majority"})
+    sigs = sigs.merge(best, on=slot)
+    odd = sigs[sigs["signature"] != sigs["majority"]]
+    # One finding per rank and distinct configuration, at the first step it was seen.
+    odd = odd.sort_values(["rank", "step", "micro_step"]).drop_duplicates(["rank", "signature"])
+    if not len(odd):
+        return findings.empty()
+    plain = prefetch.dropna(subset=["target"]).assign(
+        rank=lambda f: f["rank"].astype("int64"), unit=lambda f: f["unit"].astype(str),
+        phase=lambda f: f["phase"].astype(str), target=lambda f: f["target"].astype(str))
+    reference = effective(signatures)[["rank", "step", "micro_step", "snap_step", "snap_micro"]]
+    reference = reference.rename(columns={"rank": "reference_rank", "snap_step": "ref_snap_step",
+                                          "snap_micro": "ref_snap_micro"})
+    odd = odd.merge(reference, on=["reference_rank", "step", "micro_step"], how="left")
+    odd["diff"] = _differences(odd, _target_lists(plain)).to_numpy()
+    message = ("rank " + odd["rank"].astype(str) + " prefetch edges (from step "
+               + odd["step"].astype(str) + ") differ from " + odd["num_agree"].astype(str)
+               + " of " + odd["num_ranks"].astype(str) + " ranks (e.g. rank "
+               + odd["reference_rank"].astype(str) + "): " + odd["diff"]
+               + "; configure prefetch identically on every rank")
+    return findings.make(NAME, SEVERITY, odd, message)

@@ -1,0 +1,58 @@
+"""Check 4, rank-divergence: ranks holding the same units ran them in different orders.
+
+Collectives issued in different orders hang or, with equal shapes, silently exchange the wrong
+tensors. Works from per-rank order signatures (the map step's output), so it scales to
+thousands of ranks; only the few diverging orders are compared unit by unit.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fsdptrace.checks import findings
+from fsdptrace.checks.order import GROUP, first_difference, majority
+
+NAME = "rank-divergence"
+SEVERITY = findings.ERROR
+_SLOT = ["unit_set", "step", "micro_step", "phase"]
+
+
+def divergent(signatures: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
+    """Minority (rank, step, micro_step, phase) orders with their group's reference rank."""
+    if not len(signatures):
+        return pd.DataFrame(columns=GROUP + ["reference_rank", "num_agree", "num_ranks"])
+    sigs = signatures.assign(rank=signatures["rank"].astype("int64"),
+                             phase=signatures["phase"].astype(str))
+    sigs = sigs.merge(unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
+    sigs["num_ranks"] = sigs.groupby(_SLOT)["rank"].transform("size")
+    sigs = sigs[sigs["num_ranks"] >= 2]
+    best = majority(sigs, _SLOT, "signature").rename(columns={"signature": "majority"})
+    sigs = sigs.merge(best, on=_SLOT)
+    return sigs[sigs["signature"] != sigs["majority"]]
+
+
+def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, orders: pd.DataFrame
+          ) -> pd.DataFrame:
+    """``orders``: positioned events of (at least) the diverging and reference ranks."""
+    minority = divergent(signatures, unit_sets)
+    if not len(minority):
+        return findings.empty()
+    plain = orders.assign(rank=orders["rank"].astype("int64"), phase=orders["phase"].astype(str),
+                          unit=orders["unit"].astype(str))
+    left = plain.merge(minority[GROUP], on=GROUP)
+    right_keys = minority[GROUP].assign(reference_rank=minority["reference_rank"])
+    right = plain.rename(columns={"rank": "reference_rank"}).merge(
+        right_keys, on=["reference_rank", "step", "micro_step", "phase"])
+    diff = first_difference(left, right, GROUP)
+    rows = diff.merge(minority[GROUP + ["reference_rank", "num_agree", "num_ranks"]], on=GROUP)
+    rows["unit"] = rows["left_unit"]
+    rows["target"] = rows["right_unit"]
+    message = ("rank " + rows["rank"].astype(str) + " ran " + rows["left_unit"] + " at index "
+               + rows["index"].astype(str) + " of step " + rows["step"].astype(str)
+               + ", micro-step " + rows["micro_step"].astype(str) + " " + rows["phase"]
+               + " where " + rows["num_agree"].astype(str) + " of " + rows["num_ranks"].astype(str)
+               + " ranks (e.g. rank " + rows["reference_rank"].astype(str) + ") ran "
+               + rows["right_unit"] + ": collectives pair up across ranks in the wrong order "
+               + "(hang, or silently swapped parameters); make the execution order "
+               + "independent of the rank")
+    return findings.make(NAME, SEVERITY, rows, message)

@@ -1,0 +1,99 @@
+"""Check 6, stalled-rank: ranks whose recording ends without a clean close, or is missing.
+
+After a hang this is what a person needs first: where each rank stopped, and which rank is
+furthest behind (the likely culprit).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fsdptrace import schema
+from fsdptrace.checks import findings
+from fsdptrace.checks.order import GROUP, progress_key
+
+NAME = "stalled-rank"
+SEVERITY = findings.ERROR
+
+
+def last_positions(events: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, the last unit entered and its position in that (step, micro, phase) order."""
+    if not len(events):
+        return pd.DataFrame(columns=GROUP + ["unit", "position", "t_ns"])
+    last = events.loc[events.groupby("rank", observed=True)["seq"].idxmax()]
+    last = last.assign(rank=last["rank"].astype("int64"), phase=last["phase"].astype(str),
+                       unit=last["unit"].astype(str))
+    same_group = events.assign(rank=events["rank"].astype("int64"),
+                               phase=events["phase"].astype(str)).merge(
+        last[GROUP], on=GROUP)
+    sizes = same_group.groupby("rank").size().rename("count")
+    last = last.merge(sizes, left_on="rank", right_index=True)
+    last["position"] = last["count"] - 1
+    return last[GROUP + ["unit", "position", "t_ns"]].reset_index(drop=True)
+
+
+def check(meta: pd.DataFrame, markers: pd.DataFrame, last: pd.DataFrame,
+          ranks: list[int]) -> pd.DataFrame:
+    """``ranks``: ranks with any data on disk; ``last``: ``last_positions`` of all ranks."""
+    world_size = int(meta["world_size"].max()) if len(meta) else len(ranks)
+    ends = _ends(markers)
+    present = pd.DataFrame({"rank": pd.Series(ranks, dtype="int64")})
+    status = present.merge(ends, on="rank", how="left").merge(last, on="rank", how="left")
+    status["kind"] = status["kind"].fillna("")
+    stalled = status[status["kind"] != schema.MARKER_CLOSE].copy()
+    rows = []
+    if len(stalled):
+        rows.append(_stalled(stalled, status))
+    missing = sorted(set(range(world_size)) - set(ranks))
+    if missing:
+        frame = pd.DataFrame({"rank": missing})
+        message = ["rank " + str(r) + " of world size " + str(world_size) + " has no data on "
+                   "disk: it never started recording, or its files were lost" for r in missing]
+        rows.append(findings.make(NAME, SEVERITY, frame, message))
+    return findings.combine(rows)
+
+
+def _ends(markers: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, how its recording ended: close, crashed (with detail), or nothing."""
+    kinds = (schema.MARKER_CLOSE, schema.MARKER_CRASH)
+    if not len(markers):
+        return pd.DataFrame({"rank": pd.Series([], dtype="int64"), "kind": [], "detail": []})
+    ended = markers[markers["kind"].isin(kinds)].sort_values("seq")
+    ended = ended.assign(rank=ended["rank"].astype("int64"), kind=ended["kind"].astype(str))
+    return ended.drop_duplicates("rank", keep="last")[["rank", "kind", "detail"]]
+
+
+def _stalled(stalled: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
+    known = status.dropna(subset=["step"])
+    keys = progress_key(known["step"], known["micro_step"], known["phase"], known["position"])
+    stalled_keys = progress_key(stalled["step"].fillna(-1), stalled["micro_step"].fillna(0),
+                                stalled["phase"].fillna(""), stalled["position"].fillna(0))
+    lowest = stalled_keys.min()
+    behind = sorted(int(r) for r in stalled.loc[stalled_keys == lowest, "rank"])
+    furthest = known.loc[keys.idxmax()] if len(known) else None
+    where = _where(stalled)
+    crashed = stalled["kind"] == schema.MARKER_CRASH
+    how = ("crashed (" + stalled["detail"].fillna("").str.slice(0, 300) + ")").where(
+        crashed, "ended without a clean close (killed, hung, or still running)")
+    behind_text = ("rank " if len(behind) == 1 else "ranks ") + ", ".join(map(str, behind))
+    verdict = pd.Series(
+        ["it is furthest behind (likely culprit of a hang)" if int(r) in behind
+         else behind_text + (" is" if len(behind) == 1 else " are") + " further behind"
+         for r in stalled["rank"]], index=stalled.index)
+    ahead = ""
+    if furthest is not None:
+        ahead = (f"; the furthest rank ({int(furthest['rank'])}) reached step "
+                 f"{int(furthest['step'])}, micro-step {int(furthest['micro_step'])}, "
+                 f"{furthest['phase']} {furthest['unit']}")
+    message = ("rank " + stalled["rank"].astype(str) + " " + how + "; stopped at " + where
+               + "; " + verdict + ahead)
+    return findings.make(NAME, SEVERITY, stalled.assign(unit=stalled["unit"]), message)
+
+
+def _where(rows: pd.DataFrame) -> pd.Series:
+    known = rows["step"].notna()
+    text = ("step " + rows["step"].astype("Int64").astype(str) + ", micro-step "
+            + rows["micro_step"].astype("Int64").astype(str) + ", " + rows["phase"].astype(str)
+            + ", last unit entered " + rows["unit"].astype(str) + " (position "
+            + rows["position"].astype("Int64").astype(str) + ")")
+    return text.where(known, "before its first recorded unit")

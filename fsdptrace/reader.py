@@ -1,0 +1,131 @@
+"""Read a run dir's Parquet safely: one rank at a time, every file checked before it is trusted.
+
+Run dirs come from other people's jobs: this module only ever parses Parquet (no pickle, no
+eval), names the offending file in every error, and tells apart "not a run dir", "a corrupt
+file" and "written by a newer fsdptrace".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fsdptrace import schema
+from fsdptrace.errors import RunDirError
+
+_RANK_DIR = re.compile(r"^rank=(\d+)$")
+_PART_FILE = re.compile(r"^part-.*\.parquet$")
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Fail with one clear line unless ``run_dir`` looks like a fsdptrace run dir."""
+    if not run_dir.exists():
+        raise RunDirError(f"run dir {run_dir} does not exist")
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is not a directory (expected a fsdptrace run dir)")
+    if not any(rank_dirs(run_dir, table) for table in schema.REQUIRED_TABLES):
+        raise RunDirError(
+            f"no rank partitions under {run_dir}: is this a fsdptrace run dir? "
+            "(expected meta/rank=<n>/part-*.parquet and units/rank=<n>/...)"
+        )
+
+
+def rank_dirs(run_dir: Path, table: str) -> dict[int, Path]:
+    """``{rank: path}`` of one table's hive partitions; other entries are ignored."""
+    table_dir = run_dir / table
+    if not table_dir.is_dir():
+        return {}
+    found: dict[int, Path] = {}
+    for entry in table_dir.iterdir():
+        match = _RANK_DIR.match(entry.name)
+        if match and entry.is_dir():
+            rank = int(match.group(1))
+            if rank in found:
+                raise RunDirError(
+                    f"rank {rank} has two partitions under {table_dir} "
+                    f"({found[rank].name}, {entry.name}): rename or remove one"
+                )
+            found[rank] = entry
+    return found
+
+
+def discover_ranks(run_dir: Path) -> list[int]:
+    """Every rank with a partition in any table."""
+    ranks: set[int] = set()
+    for table in schema.TABLES:
+        ranks.update(rank_dirs(run_dir, table))
+    return sorted(ranks)
+
+
+def part_files(partition: Path) -> list[Path]:
+    """Complete chunk files of a partition; temp files of an interrupted write are skipped."""
+    return sorted(p for p in partition.iterdir() if p.is_file() and _PART_FILE.match(p.name))
+
+
+def read_file(path: Path, table: str) -> pa.Table:
+    """Read one chunk, check its schema version and columns."""
+    try:
+        data = pq.read_table(path)
+    except (pa.ArrowException, OSError) as error:
+        raise RunDirError(
+            f"{path}: unreadable Parquet ({_first_line(error)}); it is truncated or corrupt - "
+            "move it aside to analyze the rest"
+        ) from None
+    metadata = data.schema.metadata or {}
+    version = metadata.get(schema.SCHEMA_VERSION_KEY)
+    if version is None:
+        raise RunDirError(f"{path}: not written by fsdptrace (no schema version in the footer)")
+    writer = metadata.get(schema.FSDPTRACE_VERSION_KEY, b"?").decode(errors="replace")
+    if version.decode(errors="replace") != str(schema.SCHEMA_VERSION):
+        raise RunDirError(
+            f"{path}: written by fsdptrace {writer} with schema "
+            f"{version.decode(errors='replace')}; this fsdptrace reads schema "
+            f"{schema.SCHEMA_VERSION}"
+        )
+    expected = schema.TABLES[table]
+    missing = [name for name in expected.names if name not in data.column_names]
+    if missing:
+        raise RunDirError(f"{path}: not a {table} table (missing columns {', '.join(missing)})")
+    return _conform(data.select(expected.names), expected)
+
+
+def _conform(data: pa.Table, expected: pa.Schema) -> pa.Table:
+    try:
+        return data.cast(expected.remove_metadata())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        raise RunDirError(f"column types do not match the {expected} schema: {error}") from None
+
+
+def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
+    """All chunks of one table for one rank, as one table with a ``rank`` column."""
+    partition = run_dir / table / schema.RANK_DIR.format(rank=rank)
+    files = part_files(partition) if partition.is_dir() else []
+    parts = [read_file(path, table) for path in files]
+    return _with_rank(_concat(parts, schema.TABLES[table]), rank)
+
+
+def read_ranks(run_dir: Path, table: str, ranks: Iterable[int]) -> pa.Table:
+    return _concat([read_rank(run_dir, table, rank) for rank in ranks],
+                   _with_rank(schema.TABLES[table].empty_table(), 0).schema)
+
+
+def _concat(tables: list[pa.Table], empty_schema: pa.Schema) -> pa.Table:
+    if not tables:
+        return empty_schema.remove_metadata().empty_table()
+    merged = pa.concat_tables(tables).unify_dictionaries()
+    return merged.combine_chunks()
+
+
+def _with_rank(data: pa.Table, rank: int) -> pa.Table:
+    if "rank" in data.column_names:
+        return data
+    return data.add_column(0, "rank", pa.array([rank] * data.num_rows, pa.int32()))
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

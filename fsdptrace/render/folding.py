@@ -1,0 +1,50 @@
+"""Fold identical findings into one line: the same problem on many ranks and steps.
+
+A finding's message says what is wrong; where (rank, step, micro-step) lives in its columns.
+Findings that differ only in where fold into one row listing every rank, step and micro-step.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+WHERE = ["rank", "step", "micro_step"]
+KEY = ["check", "severity", "phase", "unit", "target", "message"]
+
+
+def rank_ranges(values: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``."""
+    values = sorted(set(values))
+    parts: list[str] = []
+    start = prev = None
+    for v in values:
+        if start is not None and prev is not None and v == prev + 1:
+            prev = v
+            continue
+        if start is not None:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        start = prev = v
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(parts)
+
+
+def _ints(values: pd.Series) -> list[int]:
+    return sorted({int(x) for x in values.dropna()})
+
+
+def fold(findings: pd.DataFrame) -> pd.DataFrame:
+    """One row per distinct finding, with ``ranks``, ``steps``, ``micro_steps`` lists and
+    ``count`` (the findings folded into it); the order of first appearance is kept."""
+    if not len(findings):
+        return findings.assign(ranks=[], steps=[], micro_steps=[], count=[])
+    keyed = findings.reset_index(drop=True).assign(_order=range(len(findings)))
+    key = keyed[KEY].astype(object).where(keyed[KEY].notna(), "\x00").astype(str)
+    keyed["_key"] = pd.util.hash_pandas_object(key, index=False).to_numpy()
+    grouped = keyed.groupby("_key", sort=False)
+    first = grouped.head(1).set_index("_key")
+    first["ranks"] = grouped["rank"].agg(_ints)
+    first["steps"] = grouped["step"].agg(_ints)
+    first["micro_steps"] = grouped["micro_step"].agg(_ints)
+    first["count"] = grouped.size()
+    return first.sort_values("_order").drop(columns="_order").reset_index(drop=True)

@@ -1,0 +1,66 @@
+"""The report a person reads at 3 a.m.: a verdict, then findings grouped by check."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+import pandas as pd
+
+from fsdptrace.checks import CHECKS
+from fsdptrace.render.folding import fold, rank_ranges
+
+MAX_LINES_PER_CHECK = 20
+
+
+def verdict(findings: pd.DataFrame, *, num_ranks: int, world_size: int) -> str:
+    """One line: OK / FAIL with counts, so a glance is enough."""
+    errors = int((findings["severity"] == "error").sum())
+    warnings = int((findings["severity"] == "warning").sum())
+    where = f"{num_ranks} of {world_size} ranks"
+    if errors:
+        return f"FAIL: {errors} error(s), {warnings} warning(s) across {where}"
+    if warnings:
+        return f"WARN: no errors, {warnings} warning(s) across {where}"
+    return f"OK: no findings across {where}"
+
+
+def location(row: pd.Series) -> str:
+    """Where a finding applies: ranks, step, micro-step, phase, unit -> target."""
+    parts = []
+    for column, label in (("ranks", "rank"), ("steps", "step"), ("micro_steps", "micro-step")):
+        values = row[column]
+        if values:
+            parts.append((label if len(values) == 1 else label + "s") + " "
+                         + rank_ranges(values))
+    if pd.notna(row["phase"]):
+        parts.append(str(row["phase"]))
+    if pd.notna(row["unit"]):
+        unit = str(row["unit"])
+        parts.append(unit + (f" -> {row['target']}" if pd.notna(row["target"]) else ""))
+    return " | ".join(parts)
+
+
+def _one_line(text: str) -> str:
+    """Names from the trace may hold newlines; a report line must stay one line."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def render(findings: pd.DataFrame, out: TextIO, *, run_dir: str, num_ranks: int,
+           world_size: int) -> None:
+    out.write(verdict(findings, num_ranks=num_ranks, world_size=world_size) + "\n")
+    out.write(f"run dir: {_one_line(run_dir)}\n")
+    if not len(findings):
+        return
+    folded = fold(findings)
+    for name, info in CHECKS.items():
+        rows = folded[folded["check"] == name]
+        if not len(rows):
+            continue
+        total = int(rows["count"].sum())
+        out.write(f"\n[{info.severity}] {name} ({info.summary}): {total} finding(s)\n")
+        for _, row in rows.head(MAX_LINES_PER_CHECK).iterrows():
+            out.write(f"  - {_one_line(location(row))}\n")
+            out.write(f"      {_one_line(str(row['message']))}\n")
+        if len(rows) > MAX_LINES_PER_CHECK:
+            out.write(f"  ... and {len(rows) - MAX_LINES_PER_CHECK} more "
+                      "(all of them: --format json)\n")

@@ -1,0 +1,65 @@
+"""What a run dir holds, per rank: the answer to "what did I record?"."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fsdptrace import schema
+from fsdptrace.trace import Trace
+
+
+def per_rank(trace: Trace) -> pd.DataFrame:
+    """One row per rank: steps, micro-steps, events, time span, and how recording ended."""
+    ranks = pd.DataFrame({"rank": pd.Series(trace.ranks, dtype="int64")})
+    ev = trace.events.assign(rank=trace.events["rank"].astype("int64"))
+    stats = ev.groupby("rank").agg(
+        steps=("step", "nunique"),
+        first_step=("step", "min"),
+        last_step=("step", "max"),
+        events=("seq", "size"),
+        first_ns=("t_ns", "min"),
+        last_ns=("t_ns", "max"),
+    )
+    micro = ev[["rank", "step", "micro_step"]].drop_duplicates().groupby("rank").size()
+    stats["micro_steps"] = micro
+    stats["span_s"] = (stats["last_ns"] - stats["first_ns"]) / 1e9
+    out = ranks.merge(stats.drop(columns=["first_ns", "last_ns"]).reset_index(), on="rank",
+                      how="left")
+    out["ended"] = out["rank"].map(_endings(trace)).fillna("no close (stalled or running)")
+    meta = trace.meta.assign(rank=trace.meta["rank"].astype("int64"))
+    meta = meta.drop_duplicates("rank", keep="last")[["rank", "host", "pid", "backend",
+                                                      "fsdptrace_version"]]
+    return out.merge(meta, on="rank", how="left")
+
+
+def _endings(trace: Trace) -> dict[int, str]:
+    markers = trace.markers
+    if not len(markers):
+        return {}
+    ends = markers[markers["kind"].isin([schema.MARKER_CLOSE, schema.MARKER_CRASH])]
+    ends = ends.sort_values("seq").drop_duplicates("rank", keep="last")
+    text = ends["kind"].astype(str).map({schema.MARKER_CLOSE: "clean close",
+                                         schema.MARKER_CRASH: "crashed"})
+    return dict(zip(ends["rank"].astype(int), text))
+
+
+def overview(trace: Trace) -> dict[str, object]:
+    """The run in numbers (JSON-friendly)."""
+    ranks = per_rank(trace)
+    span = 0.0
+    if len(trace.events):
+        span = float((trace.events["t_ns"].max() - trace.events["t_ns"].min()) / 1e9)
+    dropped = trace.markers[trace.markers["kind"] == schema.MARKER_DROPPED]
+    return {
+        "ranks": len(trace.ranks),
+        "world_size": trace.world_size,
+        "missing_ranks": sorted(set(range(trace.world_size)) - set(trace.ranks)),
+        "steps": len(trace.steps),
+        "micro_steps": int(ranks["micro_steps"].max()) if len(ranks) and ranks[
+            "micro_steps"].notna().any() else 0,
+        "units": int(trace.units["unit"].nunique()) if len(trace.units) else 0,
+        "events": len(trace.events),
+        "time_span_s": round(span, 3),
+        "clean_close": int((ranks["ended"] == "clean close").sum()),
+        "dropped_rows": int(dropped["count"].sum()) if len(dropped) else 0,
+    }
