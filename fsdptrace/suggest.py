@@ -1,0 +1,177 @@
+"""``fsdptrace.suggest``: the prefetch wiring that matches the order units really ran in.
+
+A person who gets a prefetch-order finding wants the fix, not only the complaint: this module
+reads the most common observed order of each phase, proposes "each unit prefetches the unit
+that runs after it", says what differs from the edges configured now (add / remove / keep),
+and spells the proposal as the FSDP2 calls to paste into the training script.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TextIO
+
+import pandas as pd
+
+from fsdptrace import schema
+from fsdptrace.checks.order import GROUP, drop_cut_off, first_positions, with_positions
+from fsdptrace.trace import Trace
+
+ADD = "add"
+REMOVE = "remove"
+KEEP = "keep"
+EDGE_COLUMNS = ["unit", "phase", "target"]
+DIFF_COLUMNS = ["unit", "phase", "target", "action"]
+ROOT = "<root>"
+SETTERS = {schema.FORWARD: "set_modules_to_forward_prefetch",
+           schema.BACKWARD: "set_modules_to_backward_prefetch"}
+
+_PART = re.compile(r"^part\[(\d+)\](?:\.(.*))?$")
+_SEPARATOR = "\x1f"  # joins unit names into one order key; never part of an FQN
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """Observed orders, the edges that match them, and the diff against the configured ones."""
+
+    forward_order: tuple[str, ...]
+    backward_order: tuple[str, ...]
+    proposed: pd.DataFrame  # unit, phase, target
+    configured: pd.DataFrame  # unit, phase, target
+    diff: pd.DataFrame  # unit, phase, target, action (add / remove / keep)
+
+
+def observed_order(trace: Trace, phase: str) -> tuple[str, ...]:
+    """The most common order of ``phase`` over all ranks and micro-steps, by first positions.
+
+    The cut-off tail of a stalled rank is left out (it was interrupted, not run that way);
+    ties go to the order seen first (lowest rank, earliest step).
+    """
+    events = trace.events[trace.events["phase"] == phase]
+    positioned = first_positions(with_positions(drop_cut_off(events, trace.markers)))
+    if not len(positioned):
+        return ()
+    keyed = positioned.sort_values(GROUP + ["position"]).assign(
+        unit=positioned["unit"].astype(str))
+    orders = keyed.groupby(GROUP, observed=True, sort=True)["unit"].agg(_SEPARATOR.join)
+    counts = orders.value_counts(sort=False)  # keeps first-seen order among equal counts
+    best = counts[counts == counts.max()].index[0]
+    return tuple(str(best).split(_SEPARATOR))
+
+
+def proposed_edges(forward_order: tuple[str, ...], backward_order: tuple[str, ...]
+                   ) -> pd.DataFrame:
+    """Each unit prefetches the one after it in its phase's order.
+
+    The root never becomes a forward target: it runs first, so nothing earlier could prefetch it.
+    """
+    rows = []
+    for phase, order in ((schema.FORWARD, forward_order), (schema.BACKWARD, backward_order)):
+        for source, target in zip(order, order[1:]):
+            if phase == schema.FORWARD and target == ROOT:
+                continue
+            rows.append((source, phase, target))
+    return pd.DataFrame(rows, columns=EDGE_COLUMNS, dtype="object")
+
+
+def configured_edges(trace: Trace) -> pd.DataFrame:
+    """Edges in effect at the last recorded step, on any rank (a fix applies to all ranks)."""
+    if not len(trace.prefetch):
+        return pd.DataFrame(columns=EDGE_COLUMNS, dtype="object")
+    last_step = int(trace.prefetch["step"].max())
+    edges = trace.prefetch_edges(step=last_step)
+    edges = edges.sort_values(["unit", "phase", "target_index"], kind="stable")
+    out = edges[EDGE_COLUMNS].astype(str).drop_duplicates()
+    return out.reset_index(drop=True)
+
+
+def diff_edges(configured: pd.DataFrame, proposed: pd.DataFrame) -> pd.DataFrame:
+    """Per unit and phase: edges to add, to remove, and to keep."""
+    merged = configured[EDGE_COLUMNS].astype(str).merge(
+        proposed[EDGE_COLUMNS].astype(str), on=EDGE_COLUMNS, how="outer", indicator=True)
+    action = merged["_merge"].astype(str).map({"left_only": REMOVE, "right_only": ADD,
+                                               "both": KEEP})
+    out = merged[EDGE_COLUMNS].assign(action=action)
+    phase_rank = out["phase"].map({schema.FORWARD: 0, schema.BACKWARD: 1})
+    out = out.assign(_phase=phase_rank).sort_values(["_phase", "unit", "action", "target"])
+    return out[DIFF_COLUMNS].reset_index(drop=True)
+
+
+def suggest(trace: Trace) -> Suggestion:
+    """The prefetch configuration matching the observed order, and how it differs from now."""
+    forward = observed_order(trace, schema.FORWARD)
+    backward = observed_order(trace, schema.BACKWARD)
+    proposed = proposed_edges(forward, backward)
+    configured = configured_edges(trace)
+    return Suggestion(forward_order=forward, backward_order=backward, proposed=proposed,
+                      configured=configured, diff=diff_edges(configured, proposed))
+
+
+def module_expression(unit: str, *, model: str = "model") -> str | None:
+    """The Python expression for a unit's module, or None where none exists.
+
+    ``layers.1`` -> ``model.layers[1]``, ``<root>`` -> ``model``, ``part[1].x`` ->
+    ``model_parts[1].x``. A grouped unit (``a,b``) is several modules: no one expression names
+    it, and an untracked target (``<untracked:T>``) has no known path.
+    """
+    if "," in unit or unit.startswith("<untracked"):
+        return None
+    if unit == ROOT:
+        return model
+    match = _PART.match(unit)
+    if match:
+        return _attribute_path(f"{model}_parts[{match.group(1)}]", match.group(2) or "")
+    return _attribute_path(model, unit)
+
+
+def _attribute_path(base: str, fqn: str) -> str:
+    if not fqn:
+        return base
+    if not all(p.isidentifier() or p.isdigit() for p in fqn.split(".")):
+        return f"{base}.get_submodule({fqn!r})"
+    path = base
+    for part in fqn.split("."):
+        path += f"[{part}]" if part.isdigit() else f".{part}"
+    return path
+
+
+def prefetch_calls(suggestion: Suggestion, *, model: str = "model") -> list[str]:
+    """The proposal as FSDP2 calls, one per unit and phase whose wiring should exist or change.
+
+    Units whose configured edges are all to be removed get an empty list, so pasting the
+    calls undoes the wrong wiring too.
+    """
+    lines = []
+    diff = suggestion.diff
+    wanted = diff[diff["action"] != REMOVE]
+    for (phase, unit), group in diff.groupby(["phase", "unit"], sort=False):
+        targets = wanted[(wanted["phase"] == phase) & (wanted["unit"] == unit)]["target"]
+        lines.append(_call(str(unit), str(phase), [str(t) for t in targets], model=model))
+    return lines
+
+
+def _call(unit: str, phase: str, targets: list[str], *, model: str) -> str:
+    source = module_expression(unit, model=model)
+    exprs = [module_expression(t, model=model) for t in targets]
+    if source is None or any(e is None for e in exprs):
+        named = ", ".join(targets) or "nothing"
+        return (f"# {unit} -> [{named}] ({phase}): a grouped or untracked unit has no single "
+                "module expression; call the setter on the module fully_shard was given")
+    return f"{source}.{SETTERS[phase]}([{', '.join(e for e in exprs if e)}])"
+
+
+def write_suggestion(suggestion: Suggestion, out: TextIO, *, model: str = "model") -> None:
+    """The proposal as a person reads it: orders, the calls to paste, then the diff."""
+    out.write("observed forward order: " + " -> ".join(suggestion.forward_order) + "\n")
+    out.write("observed backward order: " + " -> ".join(suggestion.backward_order) + "\n")
+    if not len(suggestion.diff):
+        out.write("\nno units ran: nothing to suggest\n")
+        return
+    out.write("\n# prefetch matching the observed order (FSDP2):\n")
+    for line in prefetch_calls(suggestion, model=model):
+        out.write(line + "\n")
+    out.write("\n# against what is configured now:\n")
+    for row in suggestion.diff.itertuples(index=False):
+        sign = {ADD: "+", REMOVE: "-", KEEP: " "}[row.action]
+        out.write(f"{sign} {row.phase:<8} {row.unit} -> {row.target}  ({row.action})\n")
