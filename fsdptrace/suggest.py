@@ -68,7 +68,7 @@ def proposed_edges(forward_order: tuple[str, ...], backward_order: tuple[str, ..
     """
     rows = []
     for phase, order in ((schema.FORWARD, forward_order), (schema.BACKWARD, backward_order)):
-        for source, target in zip(order, order[1:]):
+        for source, target in zip(order[:-1], order[1:], strict=True):
             if phase == schema.FORWARD and target == ROOT:
                 continue
             rows.append((source, phase, target))
@@ -145,7 +145,7 @@ def prefetch_calls(suggestion: Suggestion, *, model: str = "model") -> list[str]
     lines = []
     diff = suggestion.diff
     wanted = diff[diff["action"] != REMOVE]
-    for (phase, unit), group in diff.groupby(["phase", "unit"], sort=False):
+    for phase, unit in diff[["phase", "unit"]].drop_duplicates().itertuples(index=False):
         targets = wanted[(wanted["phase"] == phase) & (wanted["unit"] == unit)]["target"]
         lines.append(_call(str(unit), str(phase), [str(t) for t in targets], model=model))
     return lines
