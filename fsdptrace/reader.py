@@ -90,14 +90,17 @@ def read_file(path: Path, table: str) -> pa.Table:
     missing = [name for name in expected.names if name not in data.column_names]
     if missing:
         raise RunDirError(f"{path}: not a {table} table (missing columns {', '.join(missing)})")
-    return _conform(data.select(expected.names), expected)
+    return _conform(data.select(expected.names), expected, path=path, table=table)
 
 
-def _conform(data: pa.Table, expected: pa.Schema) -> pa.Table:
+def _conform(data: pa.Table, expected: pa.Schema, *, path: Path, table: str) -> pa.Table:
     try:
         return data.cast(expected.remove_metadata())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-        raise RunDirError(f"column types do not match the {expected} schema: {error}") from None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
+        # One line naming the file: the schema's own text spans many lines.
+        raise RunDirError(
+            f"{path}: column types do not match the {table} table ({_first_line(error)})"
+        ) from None
 
 
 def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
