@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from fsdptrace import schema
+from fsdptrace.errors import LifecycleError
 from fsdptrace.record import hooks, snapshots
 from fsdptrace.record.backends.base import Backend, Unit
 from fsdptrace.record.steps import parse_steps
@@ -85,6 +86,9 @@ class Recorder:
         self.events = self.writer.buffer("events", hooks.event_columns(self.unit_names))
         self.markers = self.writer.buffer("markers")
         self.live_events: list[tuple] | None = [] if raise_on_violation else None
+        # The last boundary snapshot's rows (schema.GRADIENTS / schema.PENDING order).
+        self.boundary_gradients: list[tuple] = []
+        self.boundary_pending: list[tuple] = []
         self._write_static_tables(steps)
         self.writer.start()
         self._handles = hooks.install(self)
@@ -99,7 +103,10 @@ class Recorder:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: object) -> None:
-        if exc is not None and not isinstance(exc, KeyboardInterrupt):
+        # A LifecycleError is raised at a complete optimizer boundary with its findings on
+        # disk: nothing was cut off, so the recording ends cleanly (no stalled-rank finding,
+        # and the checks keep the last micro-step).
+        if exc is not None and not isinstance(exc, (KeyboardInterrupt, LifecycleError)):
             self.close(error=f"{type(exc).__name__}: {exc}")
         else:
             self.close()
@@ -131,6 +138,11 @@ class Recorder:
             self.live_events.clear()
         self._recording = self.enabled and self.window.contains(self.step)
         self.writer.request_flush()
+
+    def note(self, kind: str, detail: str) -> None:
+        """Add a marker from outside the hooks (trainer helpers), if this step is recorded."""
+        if self._recording and not self._closed:
+            self._mark(kind, 0, detail)
 
     def flush(self) -> None:
         """Write everything buffered now (blocks; for tests and before raising)."""

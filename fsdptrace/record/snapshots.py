@@ -37,11 +37,18 @@ def record_prefetch_if_changed(rec: Recorder) -> None:
 
 
 def record_boundary(rec: Recorder) -> None:
-    """Per unit: which managed parameters hold a gradient, and every pending all-gather."""
-    gradients = rec.writer.buffer("gradients")
-    pending = rec.writer.buffer("pending")
+    """Per unit: which managed parameters hold a gradient, and every pending all-gather.
+
+    The rows are also kept on the recorder (``boundary_gradients``/``boundary_pending``)
+    for the live checks, which run on this very snapshot right after it is taken.
+    """
+    rec.boundary_gradients, rec.boundary_pending = [], []
+    gradient_rows, pending_rows = rec.boundary_gradients, rec.boundary_pending
     for unit in rec.units:
         for g in rec.backend.gradients(unit):
-            gradients.append((rec.step, rec.micro_step, unit.name, g.param, g.has_grad, g.source))
+            gradient_rows.append(
+                (rec.step, rec.micro_step, unit.name, g.param, g.has_grad, g.source))
         for p in rec.backend.pending_all_gathers(unit):
-            pending.append((rec.step, rec.micro_step, unit.name, p.kind, p.bucket, p.state))
+            pending_rows.append((rec.step, rec.micro_step, unit.name, p.kind, p.bucket, p.state))
+    rec.writer.buffer("gradients").extend(gradient_rows)
+    rec.writer.buffer("pending").extend(pending_rows)
