@@ -126,6 +126,26 @@ PENDING = pa.schema(
     ]
 )
 
+# All-gather provenance (FSDP2): one row per unshard attempt, consumption or drop of a
+# parameter group's all-gather, with who asked for it. ``issuer_unit`` is null for manual
+# ``unshard()``; ``detail`` says why a ``noop`` did nothing (``pending``, ``unsharded``, ...).
+ALLGATHERS = pa.schema(
+    [
+        ("seq", pa.int64()),
+        ("t_ns", pa.int64()),
+        ("step", pa.int32()),
+        ("micro_step", pa.int32()),
+        ("phase", _dict_str),
+        ("unit", _dict_str),
+        ("group", pa.int32()),
+        ("event", _dict_str),
+        ("issuer_kind", _dict_str),
+        ("issuer_unit", _dict_str),
+        ("num_bytes", pa.int64()),
+        ("detail", _dict_str),
+    ]
+)
+
 FINDINGS = pa.schema(
     [
         ("check", pa.string()),
@@ -147,6 +167,7 @@ TABLES: dict[str, pa.Schema] = {
     "prefetch": PREFETCH,
     "gradients": GRADIENTS,
     "pending": PENDING,
+    "allgathers": ALLGATHERS,
     "findings": FINDINGS,
 }
 

@@ -19,7 +19,7 @@ from fsdptrace import reader, schema
 from fsdptrace.errors import RunDirError
 
 TABLE_NAMES = ("meta", "units", "events", "markers", "prefetch", "gradients", "pending",
-               "findings")
+               "allgathers", "findings")
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Trace:
     prefetch: pd.DataFrame
     gradients: pd.DataFrame
     pending: pd.DataFrame
+    allgathers: pd.DataFrame = field(default_factory=pd.DataFrame)
     findings: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property

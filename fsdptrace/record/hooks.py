@@ -133,7 +133,18 @@ def install(rec: Recorder) -> list[Any]:
     for part_index, part in enumerate(rec.parts):
         handles.append(part.register_forward_pre_hook(_make_part_pre(rec, part_index),
                                                       prepend=True))
+    handles.extend(_install_provenance(rec))
     return [h for h in handles if h is not None]
+
+
+def _install_provenance(rec: Recorder) -> list[Any]:
+    from fsdptrace.record import provenance
+
+    try:
+        return provenance.install(rec)
+    except Exception as error:
+        rec.disable(f"cannot record all-gather provenance: {error}")
+        return []
 
 
 def _patch_methods(rec: Recorder, unit: Any, pre: Callable, post: Callable) -> Any:
