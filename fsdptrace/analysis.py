@@ -26,8 +26,10 @@ from fsdptrace.checks import (
     prefetch_config_divergence,
     prefetch_order,
     rank_divergence,
+    redundant_prefetch,
     resolve,
     stalled_rank,
+    wasted_prefetch,
 )
 from fsdptrace.checks.order import drop_cut_off, signatures, unit_sets, with_positions
 from fsdptrace.trace import Trace, check_meta, load
@@ -48,7 +50,7 @@ class RankSummary:
 
 
 def per_rank_findings(trace: Trace, names: Iterable[str]) -> pd.DataFrame:
-    """Checks 1, 2, 3 and 7 on the tables of one or more ranks (also the live path)."""
+    """Checks 1, 2, 3, 7, 8 and 9 on the tables of one or more ranks (also the live path)."""
     names = set(names)
     out = []
     if prefetch_order.NAME in names:
@@ -56,9 +58,13 @@ def per_rank_findings(trace: Trace, names: Iterable[str]) -> pd.DataFrame:
     if bypassed_unit.NAME in names:
         out.append(bypassed_unit.check(trace.events, trace.units, trace.gradients))
     if pending_all_gather.NAME in names:
-        out.append(pending_all_gather.check(trace.pending))
+        out.append(pending_all_gather.check(trace.pending, trace.allgathers))
     if order_instability.NAME in names:
         out.append(order_instability.check(trace.events, trace.markers))
+    if wasted_prefetch.NAME in names:
+        out.append(wasted_prefetch.check(trace.allgathers, trace.events))
+    if redundant_prefetch.NAME in names:
+        out.append(redundant_prefetch.check(trace.allgathers, trace.events))
     return findings.combine(out)
 
 

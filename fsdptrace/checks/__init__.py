@@ -1,6 +1,6 @@
 """The checks of CHECKS.md: pure functions from recorded tables to a findings table.
 
-Per-rank checks (1, 2, 3, 7) see one rank's tables at a time; cross-rank checks (4, 5, 6) see
+Per-rank checks (1, 2, 3, 7, 8, 9) see one rank's tables at a time; cross-rank checks (4, 5, 6) see
 the small per-rank summaries the map step produces. The same functions serve the offline
 analyzer and the live option.
 """
@@ -16,7 +16,9 @@ from fsdptrace.checks import (
     prefetch_config_divergence,
     prefetch_order,
     rank_divergence,
+    redundant_prefetch,
     stalled_rank,
+    wasted_prefetch,
 )
 
 
@@ -46,6 +48,10 @@ CHECKS: dict[str, CheckInfo] = {
                   "rank stopped without a clean close, or missing"),
         CheckInfo(7, order_instability.NAME, order_instability.SEVERITY, True,
                   "forward order changes between micro-steps"),
+        CheckInfo(8, wasted_prefetch.NAME, wasted_prefetch.SEVERITY, True,
+                  "prefetched all-gather not used by its target in that pass"),
+        CheckInfo(9, redundant_prefetch.NAME, redundant_prefetch.SEVERITY, True,
+                  "prefetch of a unit already gathered or pending (no-op)"),
     )
 }
 
