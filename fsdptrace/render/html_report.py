@@ -1,0 +1,346 @@
+"""One self-contained HTML file a person would rather look at than a terminal report.
+
+The page needs no network: the template inlines its CSS and a small vanilla JS that draws SVG.
+Findings are folded on the server side (as ``analyze`` prints them); the timeline, the prefetch
+edges over the observed order and the diverging orders are drawn in the browser from JSON
+embedded per optimizer step. Big runs stay small: ranks that ran the same order with the same
+prefetch configuration share one order signature, each signature's order is embedded once,
+only a bounded number of ranks get their own lane and timings, and only a bounded number of
+steps are embedded at all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any, TextIO
+
+import jinja2
+import pandas as pd
+
+from fsdptrace import schema
+from fsdptrace.checks import CHECKS
+from fsdptrace.checks import rank_divergence as rank_divergence_check
+from fsdptrace.checks import stalled_rank as stalled_rank_check
+from fsdptrace.render.folding import fold, rank_ranges
+from fsdptrace.render.text import location, verdict
+from fsdptrace.trace import Trace
+
+MAX_STEPS = 8
+MAX_RANK_LANES = 32
+MAX_MARKS_PER_STEP = 500
+MAX_ROWS_PER_CHECK = 50
+PHASE_CODES = {schema.FORWARD: 0, schema.BACKWARD: 1}
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("fsdptrace.render", "templates"),
+    autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+)
+
+
+def script_json(data: Any) -> str:
+    """JSON that cannot end the ``<script>`` element it is embedded in.
+
+    ``ensure_ascii`` turns U+2028/U+2029 into escapes (raw, they end a JS string line in old
+    engines); ``<``, ``>`` and ``&`` become ``\\u003c``... so a unit named ``</script>`` stays
+    data. The result is still plain JSON for ``JSON.parse``.
+    """
+    text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def embedded_steps(
+    trace: Trace, findings: pd.DataFrame, *, max_steps: int = MAX_STEPS
+) -> list[int]:
+    """Steps worth embedding: those with findings first (earliest first), then the earliest."""
+    recorded = trace.steps
+    flagged = sorted({int(s) for s in findings["step"].dropna()} & set(recorded))
+    rest = [s for s in recorded if s not in set(flagged)]
+    return sorted((flagged + rest)[:max_steps])
+
+
+def default_step(findings: pd.DataFrame, steps: list[int]) -> int | None:
+    """The first embedded step with a finding, else the first step: where to start reading."""
+    flagged = [s for s in steps if (findings["step"] == s).any()]
+    candidates = flagged or steps
+    return candidates[0] if candidates else None
+
+
+def _rank_signatures(events: pd.DataFrame, edges: pd.DataFrame) -> pd.Series:
+    """Per rank, one string naming its whole order in the step and its prefetch edges."""
+    key = (
+        events["micro_step"].astype(str)
+        + ":"
+        + events["phase"].astype(str)
+        + ":"
+        + events["unit"].astype(str)
+    )
+    orders = key.groupby(events["rank"]).agg("\x1f".join)
+    edge_key = (
+        edges["unit"].astype(str)
+        + ">"
+        + edges["phase"].astype(str)
+        + ">"
+        + edges["target"].astype(str)
+    )
+    configs = edge_key.groupby(edges["rank"]).agg(lambda s: "\x1f".join(sorted(s)))
+    return orders.add("\x1e" + configs.reindex(orders.index).fillna(""))
+
+
+def _groups(events: pd.DataFrame, edges: pd.DataFrame) -> list[list[int]]:
+    """Ranks sharing one signature, biggest group first (ties: lowest rank)."""
+    sigs = _rank_signatures(events, edges)
+    ranks = sigs.groupby(sigs, sort=False).groups
+    groups = [sorted(int(r) for r in members) for members in ranks.values()]
+    return sorted(groups, key=lambda g: (-len(g), g[0]))
+
+
+def _lane_ranks(groups: list[list[int]], flagged: list[int], max_lanes: int) -> list[int]:
+    """Ranks drawn on their own lane: all when few, else flagged, representatives, lowest."""
+    every = sorted(r for g in groups for r in g)
+    if len(every) <= max_lanes:
+        return every
+    chosen = dict.fromkeys(flagged + [g[0] for g in groups] + every)
+    return sorted(list(chosen)[:max_lanes])
+
+
+def _group_payload(
+    rows: pd.DataFrame, ranks: list[int], edges: pd.DataFrame, units: dict[str, int], origin: int
+) -> dict[str, Any]:
+    """One order signature: its order (units, phases, micro-steps) and edges, embedded once,
+    with its lowest rank's timings so the group draws as a lane of its own."""
+    mine = edges[edges["rank"] == ranks[0]]
+    return {
+        "label": rank_ranges(ranks),
+        "num_ranks": len(ranks),
+        "rep": ranks[0],
+        "t": _micros(rows["t_ns"], origin),
+        "u": [units[str(u)] for u in rows["unit"]],
+        "p": [PHASE_CODES.get(str(p), 0) for p in rows["phase"]],
+        "m": [int(m) for m in rows["micro_step"]],
+        "edges": [
+            [units[str(u)], PHASE_CODES.get(str(p), 0), units[str(t)]]
+            for u, p, t in zip(mine["unit"], mine["phase"], mine["target"], strict=True)
+        ],
+    }
+
+
+def _origins(trace: Trace, events: pd.DataFrame) -> dict[int, int]:
+    """Where each lane's clock starts: one shared origin when every rank ran on one host
+    (CLOCK_MONOTONIC is host-wide, so skew between ranks is real), else each rank's own."""
+    first = events.groupby("rank")["t_ns"].min()
+    hosts = trace.meta["host"].nunique() if "host" in trace.meta else 0
+    if hosts == 1:
+        return {int(r): int(first.min()) for r in first.index}
+    return {int(r): int(t) for r, t in first.items()}
+
+
+def _micros(t_ns: pd.Series, origin: int) -> list[int]:
+    """Microseconds since the lane's origin: ints keep the JSON short."""
+    return [int(v) for v in (t_ns.to_numpy() - origin) // 1000]
+
+
+def _marks(step_findings: pd.DataFrame, units: dict[str, int]) -> list[dict[str, Any]]:
+    """Findings placed where they happened: rank, micro-step, phase and unit."""
+    rows = step_findings.head(MAX_MARKS_PER_STEP)
+    return [
+        {
+            "rank": int(r),
+            "m": None if pd.isna(m) else int(m),
+            "p": PHASE_CODES.get(str(p), -1),
+            "u": units.get(str(u), -1),
+            "check": str(c),
+            "message": str(msg),
+        }
+        for r, m, p, u, c, msg in zip(
+            rows["rank"],
+            rows["micro_step"],
+            rows["phase"],
+            rows["unit"],
+            rows["check"],
+            rows["message"],
+            strict=True,
+        )
+        if pd.notna(r)
+    ]
+
+
+def _divergences(
+    groups: list[dict[str, Any]], members: list[list[int]], step_findings: pd.DataFrame
+) -> list[dict[str, Any]]:
+    """Per diverging (micro-step, phase): the reference order and each diverging rank's order
+    side by side, with the index of the first difference."""
+    diverged = step_findings[step_findings["check"] == rank_divergence_check.NAME]
+    out = []
+    for (micro, phase), rows in diverged.groupby(["micro_step", "phase"], observed=True):
+        code = PHASE_CODES.get(str(phase), 0)
+        orders: Counter[tuple[int, ...]] = Counter()
+        who: dict[tuple[int, ...], list[int]] = {}
+        for group, ranks in zip(groups, members, strict=True):
+            order = tuple(
+                u
+                for u, p, m in zip(group["u"], group["p"], group["m"], strict=True)
+                if p == code and m == micro
+            )
+            orders[order] += len(ranks)
+            who.setdefault(order, []).extend(ranks)
+        reference = max(orders, key=lambda o: (orders[o], -min(who[o])))
+        bad = {int(r) for r in rows["rank"]}
+        columns: list[dict[str, Any]] = [
+            {
+                "label": rank_ranges(who[reference]),
+                "order": list(reference),
+                "first_diff": None,
+                "reference": True,
+            }
+        ]
+        for order, ranks in who.items():
+            if order != reference and bad & set(ranks):
+                diff = next(
+                    (i for i, (a, b) in enumerate(zip(order, reference, strict=False)) if a != b),
+                    min(len(order), len(reference)),
+                )
+                columns.append(
+                    {
+                        "label": rank_ranges(ranks),
+                        "order": list(order),
+                        "first_diff": diff,
+                        "reference": False,
+                    }
+                )
+        out.append({"micro": int(micro), "phase": str(phase), "columns": columns})
+    return out
+
+
+def step_payload(
+    trace: Trace,
+    findings: pd.DataFrame,
+    step: int,
+    units: dict[str, int],
+    *,
+    max_lanes: int = MAX_RANK_LANES,
+) -> dict[str, Any]:
+    """Everything the page draws for one optimizer step, aggregated by order signature."""
+    events = trace.events[trace.events["step"] == step].sort_values(["rank", "seq"])
+    edges = trace.prefetch_edges(step)
+    step_findings = findings[findings["step"] == step]
+    members = _groups(events, edges)
+    by_rank = dict(tuple(events.groupby("rank")))
+    origins = _origins(trace, events)
+    groups = [_group_payload(by_rank[g[0]], g, edges, units, origins[g[0]]) for g in members]
+    group_of = {r: i for i, g in enumerate(members) for r in g}
+    flagged = [int(r) for r in step_findings["rank"].dropna()]
+    lanes = [
+        {"rank": r, "group": group_of[r], "t": _micros(by_rank[r]["t_ns"], origins[r])}
+        for r in _lane_ranks(members, flagged, max_lanes)
+    ]
+    return {
+        "step": step,
+        "groups": groups,
+        "lanes": lanes,
+        "group_of": group_of,
+        "num_ranks": len(group_of),
+        "marks": _marks(step_findings, units),
+        "divergences": _divergences(groups, members, step_findings),
+    }
+
+
+def finding_sections(findings: pd.DataFrame) -> list[dict[str, Any]]:
+    """Findings folded across ranks and steps, grouped by check in CHECKS order."""
+    folded = fold(findings)
+    sections = []
+    for name, info in CHECKS.items():
+        rows = folded[folded["check"] == name] if len(folded) else folded
+        if not len(rows):
+            continue
+        sections.append(
+            {
+                "name": name,
+                "severity": info.severity,
+                "summary": info.summary,
+                "total": int(rows["count"].sum()),
+                "hidden": max(len(rows) - MAX_ROWS_PER_CHECK, 0),
+                "rows": [
+                    {
+                        "where": location(row),
+                        "message": str(row["message"]),
+                        "step": row["steps"][0] if row["steps"] else None,
+                    }
+                    for _, row in rows.head(MAX_ROWS_PER_CHECK).iterrows()
+                ],
+            }
+        )
+    return sections
+
+
+def stops(findings: pd.DataFrame) -> list[dict[str, Any]]:
+    """Where each stalled rank stopped, ranks that stopped at the same place folded together."""
+    stalled = findings[findings["check"] == stalled_rank_check.NAME]
+    where = ["step", "micro_step", "phase", "unit"]
+    out = []
+    for key, rows in stalled.groupby(where, dropna=False, sort=True, observed=True):
+        place = dict(zip(where, key, strict=True))
+        out.append(
+            {
+                "ranks": rank_ranges([int(r) for r in rows["rank"].dropna()]),
+                "where": _place(place),
+                "message": str(rows["message"].iloc[0]),
+            }
+        )
+    return out
+
+
+def _place(place: dict[str, Any]) -> str:
+    """``step 2 · micro-step 0 · backward · layers.3``: what a stop table cell says."""
+    labels = {"step": "step ", "micro_step": "micro-step ", "phase": "", "unit": ""}
+    parts = [f"{labels[k]}{v}" for k, v in place.items() if pd.notna(v)]
+    return " · ".join(parts) or "nothing recorded"
+
+
+def document(
+    trace: Trace,
+    findings: pd.DataFrame,
+    *,
+    max_steps: int = MAX_STEPS,
+    max_lanes: int = MAX_RANK_LANES,
+) -> dict[str, Any]:
+    """The JSON the page's script reads: unit names once, then one payload per step."""
+    names = sorted(
+        {str(u) for u in trace.events["unit"].unique()}
+        | {str(u) for u in trace.prefetch["target"].dropna().unique()}
+    )
+    units = {name: i for i, name in enumerate(names)}
+    steps = embedded_steps(trace, findings, max_steps=max_steps)
+    return {
+        "units": names,
+        "default_step": default_step(findings, steps),
+        "num_steps": len(trace.steps),
+        "num_ranks": len(trace.ranks),
+        "steps": [step_payload(trace, findings, s, units, max_lanes=max_lanes) for s in steps],
+    }
+
+
+def render(
+    trace: Trace,
+    findings: pd.DataFrame,
+    out: TextIO,
+    *,
+    run_dir: str,
+    max_steps: int = MAX_STEPS,
+    max_lanes: int = MAX_RANK_LANES,
+) -> None:
+    """Write the report for ``trace`` and its ``findings`` (from ``fsdptrace.analyze``)."""
+    data = document(trace, findings, max_steps=max_steps, max_lanes=max_lanes)
+    page = _ENV.get_template("report.html.j2").render(
+        verdict=verdict(findings, num_ranks=len(trace.ranks), world_size=trace.world_size),
+        failed=bool((findings["severity"] == "error").any()),
+        run_dir=run_dir,
+        sections=finding_sections(findings),
+        stops=stops(findings),
+        data_json=jinja2.utils.markupsafe.Markup(script_json(data)),
+        num_embedded=len(data["steps"]),
+        num_steps=data["num_steps"],
+    )
+    out.write(page)
