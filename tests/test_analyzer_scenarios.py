@@ -12,15 +12,16 @@ import pandas as pd
 import pytest
 
 import fsdptrace
+from tests.expectations import EXPECTATIONS, problems
 
 CLEAN = ["clean", "clean-checkpoint-accumulation", "clean-reentrant-checkpoint"]
-STEPS = {0, 1, 2}
 
 
-def where(findings: pd.DataFrame) -> set[tuple]:
-    cols = ["check", "rank", "step", "micro_step", "phase", "unit", "target"]
-    return {tuple(None if pd.isna(v) else v for v in row) for row in findings[cols].itertuples(
-        index=False, name=None)}
+@pytest.mark.parametrize("name", sorted(EXPECTATIONS))
+def test_scenario_gives_exactly_its_planted_findings(scenario_runs: Path, name: str) -> None:
+    """Expectations per scenario live in tests/expectations.py, shared with the samples."""
+    wrong = problems(name, fsdptrace.analyze(scenario_runs / name))
+    assert not wrong, "\n".join(wrong)
 
 
 @pytest.mark.parametrize("name", CLEAN)
@@ -29,77 +30,6 @@ def test_clean_runs_have_no_findings(scenario_runs: Path, name: str) -> None:
     assert findings.empty, findings.to_string()
     assert list(findings.columns) == ["check", "severity", "rank", "step", "micro_step", "phase",
                                       "unit", "target", "message"]
-
-
-def test_wrong_forward_prefetch(scenario_runs: Path) -> None:
-    findings = fsdptrace.analyze(scenario_runs / "wrong-forward-prefetch")
-    expected = {("prefetch-order", r, s, m, "forward", "layers.2", "layers.1")
-                for r in (0, 1) for s in STEPS for m in (0, 1)}
-    assert where(findings) == expected
-    assert "positions 3->2" in findings["message"].iloc[0]
-
-
-def test_wrong_backward_prefetch(scenario_runs: Path) -> None:
-    findings = fsdptrace.analyze(scenario_runs / "wrong-backward-prefetch")
-    expected = {("prefetch-order", r, s, m, "backward", "layers.1", "layers.2")
-                for r in (0, 1) for s in STEPS for m in (0, 1)}
-    assert where(findings) == expected
-
-
-def test_target_that_never_runs(scenario_runs: Path) -> None:
-    findings = fsdptrace.analyze(scenario_runs / "missing-target")
-    expected = {("prefetch-order", r, s, m, "forward", "layers.3", "adapter")
-                for r in (0, 1) for s in STEPS for m in (0, 1)}
-    assert where(findings) == expected
-    assert findings["message"].str.contains("did not execute").all()
-
-
-def test_bypassed_child(scenario_runs: Path) -> None:
-    findings = fsdptrace.analyze(scenario_runs / "bypassed-child")
-    assert where(findings) == {("bypassed-unit", r, s, 1, None, "adapter", None)
-                               for r in (0, 1) for s in STEPS}
-    assert findings["message"].str.contains("adapter.fc1.weight").all()
-
-
-def test_rank_dependent_order(scenario_runs: Path) -> None:
-    findings = fsdptrace.analyze(scenario_runs / "rank-divergence")
-    forward = {("rank-divergence", 1, s, m, "forward", "layers.2", "layers.1")
-               for s in STEPS for m in (0, 1)}
-    backward = {("rank-divergence", 1, s, m, "backward", "layers.1", "layers.2")
-                for s in STEPS for m in (0, 1)}
-    assert where(findings) == forward | backward
-
-
-def test_prefetch_configured_differently_per_rank(scenario_runs: Path) -> None:
-    findings = fsdptrace.analyze(scenario_runs / "config-divergence")
-    assert where(findings) == {("prefetch-config-divergence", 1, 0, 0, None, None, None)}
-    assert "layers.0 forward -> [layers.2] (rank 0: [layers.1])" in findings["message"].iloc[0]
-
-
-def test_pending_all_gather_at_the_boundary(scenario_runs: Path) -> None:
-    findings = fsdptrace.analyze(scenario_runs / "pending-all-gather")
-    assert {(c, r, s, u) for c, r, s, _, _, u, _ in where(findings)} == {
-        ("pending-all-gather", r, s, "layers.1") for r in (0, 1) for s in STEPS}
-
-
-def test_order_instability(scenario_runs: Path) -> None:
-    findings = fsdptrace.analyze(scenario_runs / "order-instability")
-    warnings = findings[findings["check"] == "order-instability"]
-    assert where(warnings) == {("order-instability", r, 1, m, "forward", "layers.2", "layers.1")
-                               for r in (0, 1) for m in (0, 1)}
-    assert set(findings["check"]) == {"order-instability", "prefetch-order"}
-    assert set(findings.loc[findings["check"] == "prefetch-order", "step"]) == {1}
-
-
-def test_killed_rank_is_reported_where_it_stopped(scenario_runs: Path) -> None:
-    findings = fsdptrace.analyze(scenario_runs / "killed-rank")
-    stalled = findings[findings["check"] == "stalled-rank"]
-    killed = stalled[stalled["rank"] == 1].iloc[0]
-    assert (killed["step"], killed["micro_step"], killed["phase"], killed["unit"]) == (
-        2, 0, "forward", "layers.3")
-    assert "furthest behind" in killed["message"]
-    # The cut-off micro-step is not a prefetch finding.
-    assert set(findings["check"]) == {"stalled-rank"}
 
 
 def test_findings_sorted_errors_first(scenario_runs: Path) -> None:
