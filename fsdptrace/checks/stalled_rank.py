@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fsdptrace import schema
-from fsdptrace.checks import findings
+from fsdptrace.checks import findings, keys
 from fsdptrace.checks.order import GROUP, progress_key
 
 NAME = "stalled-rank"
@@ -21,13 +21,11 @@ def last_positions(events: pd.DataFrame) -> pd.DataFrame:
     if not len(events):
         return pd.DataFrame(columns=GROUP + ["unit", "position", "t_ns"])
     last = events.loc[events.groupby("rank", observed=True)["seq"].idxmax()]
+    in_group = events[keys.isin(events, last, GROUP)]
+    sizes = in_group.groupby("rank", observed=True).size().rename("count")
+    last = last.merge(sizes, left_on="rank", right_index=True)
     last = last.assign(rank=last["rank"].astype("int64"), phase=last["phase"].astype(str),
                        unit=last["unit"].astype(str))
-    same_group = events.assign(rank=events["rank"].astype("int64"),
-                               phase=events["phase"].astype(str)).merge(
-        last[GROUP], on=GROUP)
-    sizes = same_group.groupby("rank").size().rename("count")
-    last = last.merge(sizes, left_on="rank", right_index=True)
     last["position"] = last["count"] - 1
     return last[GROUP + ["unit", "position", "t_ns"]].reset_index(drop=True)
 
@@ -39,7 +37,7 @@ def check(meta: pd.DataFrame, markers: pd.DataFrame, last: pd.DataFrame,
     ends = _ends(markers)
     present = pd.DataFrame({"rank": pd.Series(ranks, dtype="int64")})
     status = present.merge(ends, on="rank", how="left").merge(last, on="rank", how="left")
-    status["kind"] = status["kind"].fillna("")
+    status["kind"] = status["kind"].astype(object).fillna("")
     stalled = status[status["kind"] != schema.MARKER_CLOSE].copy()
     rows = []
     if len(stalled):
@@ -73,7 +71,8 @@ def _stalled(stalled: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     furthest = known.loc[keys.idxmax()] if len(known) else None
     where = _where(stalled)
     crashed = stalled["kind"] == schema.MARKER_CRASH
-    how = ("crashed (" + stalled["detail"].fillna("").str.slice(0, 300) + ")").where(
+    detail = stalled["detail"].astype(object).fillna("").astype(str)
+    how = ("crashed (" + detail.str.slice(0, 300) + ")").where(
         crashed, "ended without a clean close (killed, hung, or still running)")
     behind_text = ("rank " if len(behind) == 1 else "ranks ") + ", ".join(map(str, behind))
     verdict = pd.Series(
