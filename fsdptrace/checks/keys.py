@@ -1,0 +1,84 @@
+"""Multi-column row keys as one int64, so joins over millions of events stay in numpy.
+
+Merging or de-duplicating on several columns, some of them categoricals whose categories
+differ between tables (or between ranks), makes pandas factorize or cast to strings row by
+row. Here each column becomes small integer codes (categoricals map their few categories,
+integers their value range) and the columns fold into one int64 per row; comparing rows is
+then ``isin``/``get_indexer`` on one array.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+_LIMIT = 1 << 62
+
+
+def _categories(values: pd.Series) -> pd.Index:
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return pd.Index(values.cat.categories)
+    return pd.Index(pd.unique(values.dropna().to_numpy()))
+
+
+def _codes_in(values: pd.Series, categories: pd.Index) -> np.ndarray:
+    """1-based codes of ``values`` in ``categories``; 0 for missing values."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        mapping = np.append(categories.get_indexer(values.cat.categories), -1)
+        return mapping[values.cat.codes.to_numpy()].astype(np.int64) + 1
+    return categories.get_indexer(values.to_numpy()).astype(np.int64) + 1
+
+
+def _is_plain_int(values: pd.Series) -> bool:
+    return values.dtype.kind in "iu" and isinstance(values.dtype, np.dtype)
+
+
+def joint_codes(columns: list[pd.Series]) -> tuple[list[np.ndarray], int]:
+    """Codes comparable across ``columns`` (one column of several frames), and their bound."""
+    if all(_is_plain_int(c) for c in columns):
+        present = [c for c in columns if len(c)]
+        low = min((int(c.min()) for c in present), default=0)
+        high = max((int(c.max()) for c in present), default=0)
+        return [c.to_numpy().astype(np.int64) - low for c in columns], high - low + 1
+    first = columns[0]
+    same = isinstance(first.dtype, pd.CategoricalDtype) and all(
+        isinstance(c.dtype, pd.CategoricalDtype)
+        and c.cat.categories.equals(first.cat.categories) for c in columns)
+    if same:
+        bound = len(first.cat.categories) + 1
+        return [c.cat.codes.to_numpy().astype(np.int64) + 1 for c in columns], bound
+    categories = _categories(columns[0])
+    for column in columns[1:]:
+        categories = categories.append(_categories(column)).unique()
+    return [_codes_in(c, pd.Index(categories)) for c in columns], len(categories) + 1
+
+
+def row_keys(frames: list[pd.DataFrame], on: list[str]) -> list[np.ndarray]:
+    """One int64 per row of each frame: equal keys exactly when the ``on`` values are equal.
+
+    ``frames`` may name the same column differently: pass them already renamed.
+    """
+    keys = [np.zeros(len(f), dtype=np.int64) for f in frames]
+    bound = 1
+    for column in on:
+        codes, size = joint_codes([f[column] for f in frames])
+        if bound * size >= _LIMIT:
+            keys, bound = _compress(keys)
+        keys = [k * size + c for k, c in zip(keys, codes, strict=True)]
+        bound *= size
+    return keys
+
+
+def _compress(keys: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+    codes, uniques = pd.factorize(np.concatenate(keys))
+    bounds = np.cumsum([0] + [len(k) for k in keys])
+    return [codes[a:b].astype(np.int64) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], \
+        len(uniques)
+
+
+def isin(frame: pd.DataFrame, other: pd.DataFrame, on: list[str]) -> np.ndarray:
+    """Boolean mask: rows of ``frame`` whose ``on`` values occur in some row of ``other``."""
+    if not len(frame) or not len(other):
+        return np.zeros(len(frame), dtype=bool)
+    left, right = row_keys([frame, other], on)
+    return pd.Index(right).unique().get_indexer(left) >= 0
