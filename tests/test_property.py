@@ -17,8 +17,7 @@ from fsdptrace import analyze, schema
 from fsdptrace.render import as_json, markdown, text
 from tests.trace_builder import ROOT, TraceBuilder, clean_run
 
-SETTINGS = settings(max_examples=30, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Names as odd as a user's module tree can make them: quotes, newlines, markup, unicode.
 odd_name = st.text(
@@ -40,9 +39,14 @@ def layouts(draw: st.DrawFn) -> dict:
 
 
 def _build(layout: dict, **kwargs: object) -> TraceBuilder:
-    return clean_run(layout["units"], world_size=layout["world_size"], steps=layout["steps"],
-                     micro_steps=layout["micro_steps"], prefetch=layout["prefetch"],
-                     **kwargs)  # type: ignore[arg-type]
+    return clean_run(
+        layout["units"],
+        world_size=layout["world_size"],
+        steps=layout["steps"],
+        micro_steps=layout["micro_steps"],
+        prefetch=layout["prefetch"],
+        **kwargs,
+    )  # type: ignore[arg-type]
 
 
 def _render_all(findings: pd.DataFrame) -> dict:
@@ -85,12 +89,21 @@ def test_wrong_prefetch_edge_is_found(layout: dict, data: st.DataObject) -> None
     # A later snapshot for this rank: the source prefetches a unit that already ran.
     b.edges(rank, 1, 0, {(source, schema.FORWARD): [target]}, units)
     findings = analyze(b.build())
-    hit = _found(findings, "prefetch-order", rank=rank, step=1, micro_step=0, phase="forward",
-                 unit=source, target=target)
+    hit = _found(
+        findings,
+        "prefetch-order",
+        rank=rank,
+        step=1,
+        micro_step=0,
+        phase="forward",
+        unit=source,
+        target=target,
+    )
     assert len(hit) == 1, findings.to_dict("records")
     document = _render_all(findings)
     assert {"unit": source, "target": target} in [
-        {"unit": f["unit"], "target": f["target"]} for f in document["findings"]]
+        {"unit": f["unit"], "target": f["target"]} for f in document["findings"]
+    ]
 
 
 @SETTINGS
@@ -130,18 +143,20 @@ def test_rank_with_swapped_order_is_found(layout: dict, data: st.DataObject) -> 
     rank = data.draw(st.integers(0, world_size - 1))
     step = data.draw(st.integers(0, layout["steps"] - 1))
     micro = data.draw(st.integers(0, layout["micro_steps"] - 1))
-    i, j = data.draw(st.lists(st.integers(0, len(units) - 1), min_size=2, max_size=2,
-                              unique=True))
+    i, j = data.draw(st.lists(st.integers(0, len(units) - 1), min_size=2, max_size=2, unique=True))
     b = _build(layout)
-    group = [row for row in b.rows["events"]
-             if (row["rank"], row["step"], row["micro_step"], row["phase"])
-             == (rank, step, micro, schema.FORWARD)]
+    group = [
+        row
+        for row in b.rows["events"]
+        if (row["rank"], row["step"], row["micro_step"], row["phase"])
+        == (rank, step, micro, schema.FORWARD)
+    ]
     group[i]["unit"], group[j]["unit"] = group[j]["unit"], group[i]["unit"]
     findings = analyze(b.build())
     hit = _found(findings, "rank-divergence", step=step, micro_step=micro, phase="forward")
     assert len(hit) >= 1, findings.to_dict("records")
     # With two ranks the tie goes to rank 0's order; with more, the swapped rank is alone.
-    expected = ({rank} if world_size > 2 else {1})
+    expected = {rank} if world_size > 2 else {1}
     assert set(hit["rank"].astype(int)) == expected
     assert set(hit["unit"]) | set(hit["target"]) <= {units[i], units[j]}
 

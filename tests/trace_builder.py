@@ -34,54 +34,134 @@ class TraceBuilder:
         return self._seq[rank]
 
     def meta(self, rank: int) -> None:
-        self.rows["meta"].append(dict(
-            rank=rank, world_size=self.world_size, host="builder", pid=1000 + rank,
-            backend="fsdp2", torch_version="0", fsdptrace_version="0",
-            schema_version=schema.SCHEMA_VERSION, wall_anchor_ns=0, mono_anchor_ns=0,
-            num_parts=1, steps_spec="", raise_on_violation=False))
+        self.rows["meta"].append(
+            dict(
+                rank=rank,
+                world_size=self.world_size,
+                host="builder",
+                pid=1000 + rank,
+                backend="fsdp2",
+                torch_version="0",
+                fsdptrace_version="0",
+                schema_version=schema.SCHEMA_VERSION,
+                wall_anchor_ns=0,
+                mono_anchor_ns=0,
+                num_parts=1,
+                steps_spec="",
+                raise_on_violation=False,
+            )
+        )
 
-    def unit(self, rank: int, name: str, *, is_root: bool = False,
-             params: tuple[str, ...] = ("weight",)) -> None:
-        self.rows["units"].append(dict(
-            rank=rank, unit=name, part=0, fqn="" if is_root else name, module_type="Linear",
-            is_root=is_root, num_params=len(params), num_param_elements=4 * len(params),
-            param_names=[f"{name}.{p}" for p in params]))
+    def unit(
+        self, rank: int, name: str, *, is_root: bool = False, params: tuple[str, ...] = ("weight",)
+    ) -> None:
+        self.rows["units"].append(
+            dict(
+                rank=rank,
+                unit=name,
+                part=0,
+                fqn="" if is_root else name,
+                module_type="Linear",
+                is_root=is_root,
+                num_params=len(params),
+                num_param_elements=4 * len(params),
+                param_names=[f"{name}.{p}" for p in params],
+            )
+        )
 
     def run(self, rank: int, step: int, micro_step: int, phase: str, order: list[str]) -> None:
         for name in order:
             seq = self._next(rank)
-            self.rows["events"].append(dict(rank=rank, seq=seq, t_ns=seq * 1000, step=step,
-                                            micro_step=micro_step, phase=phase, unit=name))
+            self.rows["events"].append(
+                dict(
+                    rank=rank,
+                    seq=seq,
+                    t_ns=seq * 1000,
+                    step=step,
+                    micro_step=micro_step,
+                    phase=phase,
+                    unit=name,
+                )
+            )
 
-    def marker(self, rank: int, step: int, micro_step: int, kind: str, *, count: int = 0,
-               detail: str = "") -> None:
+    def marker(
+        self, rank: int, step: int, micro_step: int, kind: str, *, count: int = 0, detail: str = ""
+    ) -> None:
         seq = self._next(rank)
-        self.rows["markers"].append(dict(rank=rank, seq=seq, t_ns=seq * 1000, step=step,
-                                         micro_step=micro_step, kind=kind, count=count,
-                                         detail=detail))
+        self.rows["markers"].append(
+            dict(
+                rank=rank,
+                seq=seq,
+                t_ns=seq * 1000,
+                step=step,
+                micro_step=micro_step,
+                kind=kind,
+                count=count,
+                detail=detail,
+            )
+        )
 
-    def edges(self, rank: int, step: int, micro_step: int,
-              targets: dict[tuple[str, str], list[str]], units: list[str]) -> None:
+    def edges(
+        self,
+        rank: int,
+        step: int,
+        micro_step: int,
+        targets: dict[tuple[str, str], list[str]],
+        units: list[str],
+    ) -> None:
         """One complete snapshot: every unit and phase, a null target when it has none."""
         for name in units:
             for phase in schema.PHASES:
                 wanted = targets.get((name, phase), [])
                 for index, target in enumerate(wanted or [None]):
-                    self.rows["prefetch"].append(dict(
-                        rank=rank, step=step, micro_step=micro_step, unit=name, phase=phase,
-                        target=target, target_index=index if target is not None else None))
+                    self.rows["prefetch"].append(
+                        dict(
+                            rank=rank,
+                            step=step,
+                            micro_step=micro_step,
+                            unit=name,
+                            phase=phase,
+                            target=target,
+                            target_index=index if target is not None else None,
+                        )
+                    )
 
-    def gradient(self, rank: int, step: int, micro_step: int, unit: str, param: str, *,
-                 has_grad: bool = True) -> None:
-        self.rows["gradients"].append(dict(rank=rank, step=step, micro_step=micro_step,
-                                           unit=unit, param=param, has_grad=has_grad,
-                                           grad_source="grad"))
+    def gradient(
+        self, rank: int, step: int, micro_step: int, unit: str, param: str, *, has_grad: bool = True
+    ) -> None:
+        self.rows["gradients"].append(
+            dict(
+                rank=rank,
+                step=step,
+                micro_step=micro_step,
+                unit=unit,
+                param=param,
+                has_grad=has_grad,
+                grad_source="grad",
+            )
+        )
 
-    def pending(self, rank: int, step: int, micro_step: int, unit: str, *,
-                bucket: str = "bucket0", state: str = "handle set") -> None:
-        self.rows["pending"].append(dict(rank=rank, step=step, micro_step=micro_step,
-                                         unit=unit, kind="all_gather", bucket=bucket,
-                                         state=state))
+    def pending(
+        self,
+        rank: int,
+        step: int,
+        micro_step: int,
+        unit: str,
+        *,
+        bucket: str = "bucket0",
+        state: str = "handle set",
+    ) -> None:
+        self.rows["pending"].append(
+            dict(
+                rank=rank,
+                step=step,
+                micro_step=micro_step,
+                unit=unit,
+                kind="all_gather",
+                bucket=bucket,
+                state=state,
+            )
+        )
 
     def build(self, run_dir: str = "<in-memory>") -> Trace:
         frames = {name: self._frame(name) for name in TABLE_NAMES}
@@ -97,9 +177,16 @@ class TraceBuilder:
         return frame
 
 
-def clean_run(units: list[str], *, world_size: int, steps: int, micro_steps: int,
-              prefetch: bool = True, orders: dict[int, list[str]] | None = None,
-              closed: set[int] | None = None) -> TraceBuilder:
+def clean_run(
+    units: list[str],
+    *,
+    world_size: int,
+    steps: int,
+    micro_steps: int,
+    prefetch: bool = True,
+    orders: dict[int, list[str]] | None = None,
+    closed: set[int] | None = None,
+) -> TraceBuilder:
     """A healthy job: every rank runs ``units`` (root first) forward, reversed backward.
 
     ``orders`` overrides the forward order of single ranks (for planting swaps, use
