@@ -85,6 +85,18 @@ class Trace:
         latest = keys.sort_values(["step", "micro_step"]).groupby("rank").tail(1)
         return taken.merge(latest, on=["rank", "step", "micro_step"]).reset_index(drop=True)
 
+    def allgathers_per_step(self) -> pd.DataFrame:
+        """All-gathers per (rank, optimizer step, unit), by issuer (all-gather provenance)."""
+        from fsdptrace.allgather_summary import per_step
+
+        return per_step(self.allgathers)
+
+    def bytes_held(self) -> pd.DataFrame:
+        """Bytes gathered and not yet consumed, per unit and rank, after every change."""
+        from fsdptrace.allgather_summary import bytes_held
+
+        return bytes_held(self.allgathers)
+
     def summary(self) -> dict[str, object]:
         """Counts a person wants first: ranks, steps, units, events."""
         closed = set()
@@ -127,12 +139,17 @@ def _to_pandas(data: pa.Table) -> pd.DataFrame:
     return frame
 
 
+def read_frame(run_dir: Path, table: str, ranks: Iterable[int]) -> pd.DataFrame:
+    """One table of some ranks, as ``load`` would hold it (the reduce step needs no more)."""
+    return _to_pandas(reader.read_ranks(run_dir, table, ranks))
+
+
 def load(run_dir: str | os.PathLike[str], *, ranks: Iterable[int] | None = None) -> Trace:
     """Read every rank of a run dir (or only ``ranks``) into a ``Trace``."""
     path = Path(run_dir)
     reader.check_run_dir(path)
     selected = sorted(ranks) if ranks is not None else reader.discover_ranks(path)
-    tables = {name: _to_pandas(reader.read_ranks(path, name, selected)) for name in TABLE_NAMES}
+    tables = {name: read_frame(path, name, selected) for name in TABLE_NAMES}
     check_meta(tables["meta"], path)
     return Trace(run_dir=path, **tables)
 

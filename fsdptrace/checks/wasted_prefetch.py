@@ -16,6 +16,8 @@ from fsdptrace.checks import findings
 NAME = "wasted-prefetch"
 SEVERITY = findings.WARNING
 # Issuers that are prefetches: configured edges and FSDP2's implicit backward prefetch.
+# Forward prefetches fired again by checkpoint recompute are ``recompute`` and not counted:
+# CHECKS.md keeps recompute out of forward findings.
 PREFETCH_KINDS = ("prefetch", "implicit")
 _PASS = ["step", "micro_step", "phase"]
 _ORDINALS = {1: "first", 2: "second", 3: "third", 4: "fourth", 5: "fifth"}
@@ -119,6 +121,7 @@ def issuer_text(rows: pd.DataFrame) -> pd.Series:
         else "manual unshard()" if k == "manual"
         else f"prefetch from {s}" if k == "prefetch"
         else f"FSDP2's implicit backward prefetch from {s}" if k == "implicit"
+        else f"checkpoint recompute of {s}" if k == "recompute"
         else "an unknown caller"
         for k, s in zip(kind, source, strict=True)
     ).set_axis(rows.index)

@@ -14,7 +14,10 @@ FSDP's control flow: ``pre_forward``/``pre_backward`` of the group itself is ``o
 ``FSDPParamGroup._prefetch_unshard`` called from a state's ``_pre_forward``/``_pre_backward`` is
 an explicit ``prefetch`` (the source is that state), called from a group's
 ``_backward_prefetch`` it is FSDP2's ``implicit`` reverse-post-forward prefetch, and
-``FSDPModule.unshard`` is ``manual``. Frames are classified once per code object.
+``FSDPModule.unshard`` is ``manual``. Frames are classified once per code object. A gather
+reached through the forward path while autograd runs backward is activation-checkpoint
+recompute (``recompute``): FSDP2 re-runs the unit's pre-forward, forward prefetch included,
+and CHECKS.md keeps recompute out of forward findings.
 
 Rows are tuples of small ints appended to a deque, like the recorder's events.
 """
@@ -41,21 +44,20 @@ if TYPE_CHECKING:
 TABLE = "allgathers"
 EVENTS = ("issue", "consume", "drop", "noop")
 ISSUE, CONSUME, DROP, NOOP = range(4)
-ISSUER_KINDS = ("own", "prefetch", "implicit", "manual", "other")
-OWN, PREFETCH, IMPLICIT, MANUAL, OTHER = range(5)
+ISSUER_KINDS = ("own", "prefetch", "implicit", "manual", "other", "recompute")
+OWN, PREFETCH, IMPLICIT, MANUAL, OTHER, RECOMPUTE = range(6)
 DETAILS = ("pending", "unsharded", "skipped", "finalize_backward", "reset_iter_state")
 PENDING, UNSHARDED, SKIPPED, FINALIZE, RESET = range(5)
-# Issuers that are prefetches (checks 8 and 9 look only at these).
-PREFETCH_KINDS = ("prefetch", "implicit")
 
 _graph_task_id = torch._C._current_graph_task_id
 _PREFETCH_FRAME = -1  # ``_prefetch_unshard``: the issuer is one frame further out
+_FORWARD_OWN = -2  # the unit's own pre-forward: recompute when it runs inside backward
 
 # (file, function) of FSDP2's callers of ``FSDPParamGroup.unshard``.
 _CALLERS: dict[tuple[str, str], int] = {
-    ("_fsdp_param_group.py", "pre_forward"): OWN,
+    ("_fsdp_param_group.py", "pre_forward"): _FORWARD_OWN,
     ("_fsdp_param_group.py", "pre_backward"): OWN,
-    ("_fsdp_state.py", "_pre_forward"): OWN,  # recompute inside backward re-gathers its own
+    ("_fsdp_state.py", "_pre_forward"): _FORWARD_OWN,  # recompute re-gathers its own
     ("_fsdp_param_group.py", "_prefetch_unshard"): _PREFETCH_FRAME,
     ("_fully_shard.py", "unshard"): MANUAL,
 }
@@ -84,11 +86,13 @@ class Provenance:
         # Eval/generation forwards run with gradients off and are never recorded.
         return rec._recording and not (rec._in_eval and not torch.is_grad_enabled())
 
-    def issuer(self, frame: FrameType | None, unit: int) -> tuple[int, int]:
+    def issuer(self, frame: FrameType | None, unit: int, backward: bool) -> tuple[int, int]:
         """(issuer kind, issuer unit index or -1) for an ``unshard`` called from ``frame``."""
         if frame is None:
             return OTHER, -1
         kind = _caller_kind(frame.f_code, self._codes)
+        if kind == _FORWARD_OWN:
+            return (RECOMPUTE if backward else OWN), unit
         if kind == OWN:
             return OWN, unit
         if kind != _PREFETCH_FRAME:
@@ -100,7 +104,9 @@ class Provenance:
         source_unit = self.unit_of.get(id(source), -1)
         if outer.f_code.co_name == "_backward_prefetch":
             return IMPLICIT, source_unit
-        if outer.f_code.co_name in ("_pre_forward", "_pre_backward"):
+        if outer.f_code.co_name == "_pre_forward":
+            return (RECOMPUTE if backward else PREFETCH), source_unit
+        if outer.f_code.co_name == "_pre_backward":
             return PREFETCH, source_unit
         return OTHER, source_unit
 
@@ -119,10 +125,9 @@ class Provenance:
             self.num_bytes[key] = cached
         return cached
 
-    def append(self, t_ns: int, unit: int, group_index: int, event: int, issuer: int,
-               issuer_unit: int, num_bytes: int, detail: int) -> None:
+    def append(self, t_ns: int, phase: int, unit: int, group_index: int, event: int,
+               issuer: int, issuer_unit: int, num_bytes: int, detail: int) -> None:
         rec = self.rec
-        phase = 1 if _graph_task_id() != -1 else 0
         self.rows.append((rec.next_seq(), t_ns, rec.step, rec.micro_step, phase, unit,
                           group_index, event, issuer, issuer_unit, num_bytes, detail))
 
@@ -166,7 +171,8 @@ def _wrap_unshard(prov: Provenance, unit: int, group_index: int, group: Any,
         out = original(*args, **kwargs)
         try:
             if prov.should_record():
-                kind, source = prov.issuer(sys._getframe(1), unit)
+                phase = 1 if _graph_task_id() != -1 else 0
+                kind, source = prov.issuer(sys._getframe(1), unit, phase == 1)
                 if before is None and group._all_gather_result is not None:
                     event, detail = ISSUE, -1
                 elif before is not None:
@@ -174,7 +180,7 @@ def _wrap_unshard(prov: Provenance, unit: int, group_index: int, group: Any,
                 else:
                     event = NOOP
                     detail = UNSHARDED if getattr(group, "is_unsharded", False) else SKIPPED
-                prov.append(t_ns, unit, group_index, event, kind, source,
+                prov.append(t_ns, phase, unit, group_index, event, kind, source,
                             prov.bytes_of(group), detail)
         except Exception as error:
             prov.rec.disable(f"all-gather provenance failed: {type(error).__name__}: {error}")
@@ -192,8 +198,9 @@ def _wrap_clear(prov: Provenance, unit: int, group_index: int, group: Any,
         out = original(*args, **kwargs)
         try:
             if before is not None and group._all_gather_result is None and prov.should_record():
-                prov.append(t_ns, unit, group_index, event, -1, -1, prov.bytes_of(group),
-                            detail)
+                phase = 1 if _graph_task_id() != -1 else 0
+                prov.append(t_ns, phase, unit, group_index, event, -1, -1,
+                            prov.bytes_of(group), detail)
         except Exception as error:
             prov.rec.disable(f"all-gather provenance failed: {type(error).__name__}: {error}")
         return out

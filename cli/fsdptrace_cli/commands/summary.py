@@ -17,6 +17,7 @@ def command(run_dir: Path) -> None:
     Example:
       fsdptrace summary runs/a
     """
+    from fsdptrace.allgather_summary import overview_line
     from fsdptrace.summary import overview, per_rank
     from fsdptrace.trace import load
 
@@ -25,6 +26,7 @@ def command(run_dir: Path) -> None:
     click.echo(f"run dir: {run_dir}")
     for key, value in numbers.items():
         click.echo(f"{key.replace('_', ' ')}: {value}")
+    click.echo(f"all-gathers: {overview_line(trace.allgathers)}")
     table = per_rank(trace)
     click.echo("")
     click.echo(table.to_string(index=False))

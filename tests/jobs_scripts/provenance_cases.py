@@ -1,0 +1,190 @@
+"""All-gather provenance cases: small real FSDP2 jobs, each recorded into ``--out/<case>``.
+
+Run on 2 CPU ranks (gloo) through ``tests.jobs.run_ranks``; one launch records every case.
+Each case also writes ``<case>/result.rank<r>.json`` with the all-gathers FSDP really issued,
+counted per unit by wrapping FSDP's ``foreach_all_gather`` inside this job (independently of
+the recorder), so tests can compare what was recorded with what happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+import fsdptrace
+
+DIM = 8
+VOCAB = 16
+STEPS = 2
+MICRO_STEPS = 2
+Result = dict[str, Any]
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x))
+
+
+class Net(nn.Module):
+    """Token embeddings, three blocks, a head; ``embed_twice`` re-embeds before the head."""
+
+    def __init__(self, *, embed_twice: bool = False) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList(Block() for _ in range(3))
+        self.output = nn.Linear(DIM, VOCAB)
+        self.embed_twice = embed_twice
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        if self.embed_twice:
+            # A second call of the embeddings (a residual re-embedding, as in some
+            # encoder-decoder models): its forward prefetch gathers layers.0 again.
+            h = h + self.tok_embeddings(tokens)
+        return self.output(h)
+
+
+def sharded_net(**kwargs: Any) -> Net:
+    torch.manual_seed(0)
+    net = Net(**kwargs)
+    fully_shard(net.tok_embeddings)
+    for layer in net.layers:
+        fully_shard(layer)
+    fully_shard(net)
+    return net
+
+
+def chain(net: Net) -> None:
+    """The textbook edges: each unit prefetches the next in forward, the previous in backward."""
+    units = [net.tok_embeddings, *net.layers]
+    for i, unit in enumerate(units):
+        unit.set_modules_to_forward_prefetch(units[i + 1:i + 2])
+        unit.set_modules_to_backward_prefetch(units[i - 1:i] if i > 0 else [])
+
+
+def count_all_gathers(net: Net) -> Callable[[], dict[str, int]]:
+    """Count FSDP's real all-gathers per unit by wrapping ``foreach_all_gather`` (job only)."""
+    name_of = {}
+    for fqn, module in net.named_modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        if state is not None:
+            for group in state()._fsdp_param_groups:
+                name_of[id(group.fsdp_params[0])] = fqn or "<root>"
+    counts: Counter[str] = Counter()
+    original = _fsdp_param_group.foreach_all_gather
+
+    def counting(fsdp_params: Any, *args: Any, **kwargs: Any) -> Any:
+        counts[name_of.get(id(fsdp_params[0]), "?")] += 1
+        return original(fsdp_params, *args, **kwargs)
+
+    _fsdp_param_group.foreach_all_gather = counting
+
+    def done() -> dict[str, int]:
+        _fsdp_param_group.foreach_all_gather = original
+        return dict(counts)
+
+    return done
+
+
+def train(net: Net, run_dir: Path, *, before_step: Callable[[], None] | None = None) -> Result:
+    optimizer = torch.optim.AdamW(net.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    counted = count_all_gathers(net)
+    losses = []
+    with fsdptrace.attach(net, run_dir=run_dir, optimizer=optimizer):
+        wrapped_while_attached = num_wrapped(net)
+        for _ in range(STEPS):
+            for _ in range(MICRO_STEPS):
+                tokens = torch.randint(0, VOCAB, (8,), generator=generator)
+                loss = net(tokens).pow(2).mean()
+                loss.backward()
+                losses.append(loss.item())
+            if before_step is not None:
+                before_step()
+            optimizer.step()
+            optimizer.zero_grad()
+    return {"losses": losses, "all_gathers": counted(),
+            "wrapped_while_attached": wrapped_while_attached,
+            "wrapped_after_close": num_wrapped(net)}
+
+
+def num_wrapped(net: Net) -> int:
+    """Parameter groups carrying instance-level method wrappers (the recorder's, if any)."""
+    groups = [g for m in net.modules() if hasattr(m, "_get_fsdp_state")
+              for g in m._get_fsdp_state()._fsdp_param_groups]
+    return sum("unshard" in g.__dict__ for g in set(groups))
+
+
+def case_clean_chained(run_dir: Path) -> Result:
+    net = sharded_net()
+    chain(net)
+    return train(net, run_dir)
+
+
+def case_embed_twice(run_dir: Path) -> Result:
+    """tok_embeddings prefetches layers.0 at each call; the second one waits into backward."""
+    net = sharded_net(embed_twice=True)
+    chain(net)
+    return train(net, run_dir)
+
+
+def case_redundant_prefetch(run_dir: Path) -> Result:
+    """layers.0 already prefetches layers.2, so layers.1's prefetch of it is a no-op."""
+    net = sharded_net()
+    chain(net)
+    net.layers[0].set_modules_to_forward_prefetch([net.layers[1], net.layers[2]])
+    return train(net, run_dir)
+
+
+def case_manual_unshard(run_dir: Path) -> Result:
+    """A manual unshard() right before optimizer.step(): held across the boundary."""
+    net = sharded_net()
+    chain(net)
+    return train(net, run_dir, before_step=lambda: net.layers[1].unshard())
+
+
+CASES: dict[str, Callable[[Path], Result]] = {
+    "clean-chained": case_clean_chained,
+    "embed-twice": case_embed_twice,
+    "redundant-prefetch": case_redundant_prefetch,
+    "manual-unshard": case_manual_unshard,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("cases", nargs="+", choices=sorted(CASES))
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    try:
+        for name in args.cases:
+            run_dir = args.out / name
+            result = CASES[name](run_dir)
+            (run_dir / f"result.rank{rank}.json").write_text(json.dumps(result))
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
