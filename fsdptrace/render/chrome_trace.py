@@ -152,7 +152,7 @@ def _finding_instants(findings: pd.DataFrame, events: pd.DataFrame) -> list[dict
 def _place_findings(findings: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     """Add ``ts`` to each finding by the narrowest key set that matches an event."""
     ts = pd.Series(np.nan, index=findings.index)
-    keyed = events.assign(**{c: events[c].astype(str) for c in ("phase", "unit")})
+    keyed = events
     for keys in _FINDING_KEYS:
         todo = findings[ts.isna() & findings[keys].notna().all(axis=1)]
         if not len(todo) or not len(keyed):
@@ -174,7 +174,7 @@ def _as_keys(frame: pd.DataFrame) -> pd.DataFrame:
         if column in ("rank", "step", "micro_step"):
             out[column] = out[column].astype("int64")
         elif column in ("phase", "unit"):
-            out[column] = out[column].astype(str)
+            out[column] = out[column].astype(object).astype("string")
     return out
 
 

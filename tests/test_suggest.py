@@ -1,0 +1,136 @@
+"""``fsdptrace.suggest`` on real recordings: the wiring that matches the order, and the diff."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import fsdptrace
+from fsdptrace.suggest import (
+    Suggestion,
+    module_expression,
+    prefetch_calls,
+    proposed_edges,
+    suggest,
+    write_suggestion,
+)
+
+LAYERS = ("<root>", "layers.0", "layers.1", "layers.2", "layers.3")
+BACKWARD = ("<root>", "layers.3", "layers.2", "layers.1", "layers.0")
+
+
+def actions(diff: pd.DataFrame) -> set[tuple[str, str, str, str]]:
+    return set(diff.itertuples(index=False, name=None))
+
+
+@pytest.mark.parametrize(("unit", "expected"), [
+    ("<root>", "model"),
+    ("layers.1", "model.layers[1]"),
+    ("embed", "model.embed"),
+    ("3", "model[3]"),
+    ("part[1].layers.0", "model_parts[1].layers[0]"),
+    ("part[2]", "model_parts[2]"),
+    ("blocks.odd-name", "model.get_submodule('blocks.odd-name')"),
+    ("embed,head", None),
+    ("<untracked:Linear>", None),
+])
+def test_module_expression(unit: str, expected: str | None) -> None:
+    assert module_expression(unit) == expected
+
+
+def test_root_is_never_a_forward_target() -> None:
+    edges = proposed_edges(("layers.0", "<root>", "layers.1"), ("layers.1", "<root>"))
+    assert set(edges.itertuples(index=False, name=None)) == {
+        ("<root>", "forward", "layers.1"),
+        ("layers.1", "backward", "<root>"),
+    }
+
+
+def test_wrong_forward_prefetch_is_rewired(scenario_runs: Path) -> None:
+    result = suggest(fsdptrace.load(scenario_runs / "wrong-forward-prefetch"))
+    assert result.forward_order == LAYERS
+    assert result.backward_order == BACKWARD
+    assert actions(result.diff) == {
+        ("<root>", "forward", "layers.0", "add"),
+        ("layers.0", "forward", "layers.1", "keep"),
+        ("layers.1", "forward", "layers.2", "keep"),
+        ("layers.2", "forward", "layers.3", "add"),
+        ("layers.2", "forward", "layers.1", "remove"),
+        ("<root>", "backward", "layers.3", "add"),
+        ("layers.1", "backward", "layers.0", "keep"),
+        ("layers.2", "backward", "layers.1", "keep"),
+        ("layers.3", "backward", "layers.2", "keep"),
+    }
+
+
+def test_wrong_backward_prefetch_is_rewired(scenario_runs: Path) -> None:
+    diff = suggest(fsdptrace.load(scenario_runs / "wrong-backward-prefetch")).diff
+    backward = diff[(diff["phase"] == "backward") & (diff["unit"] == "layers.1")]
+    assert actions(backward) == {("layers.1", "backward", "layers.0", "add"),
+                                 ("layers.1", "backward", "layers.2", "remove")}
+
+
+def test_whole_text_output(scenario_runs: Path) -> None:
+    out = io.StringIO()
+    write_suggestion(suggest(fsdptrace.load(scenario_runs / "wrong-forward-prefetch")), out)
+    assert out.getvalue() == """\
+observed forward order: <root> -> layers.0 -> layers.1 -> layers.2 -> layers.3
+observed backward order: <root> -> layers.3 -> layers.2 -> layers.1 -> layers.0
+
+# prefetch matching the observed order (FSDP2):
+model.set_modules_to_forward_prefetch([model.layers[0]])
+model.layers[0].set_modules_to_forward_prefetch([model.layers[1]])
+model.layers[1].set_modules_to_forward_prefetch([model.layers[2]])
+model.layers[2].set_modules_to_forward_prefetch([model.layers[3]])
+model.set_modules_to_backward_prefetch([model.layers[3]])
+model.layers[1].set_modules_to_backward_prefetch([model.layers[0]])
+model.layers[2].set_modules_to_backward_prefetch([model.layers[1]])
+model.layers[3].set_modules_to_backward_prefetch([model.layers[2]])
+
+# against what is configured now:
++ forward  <root> -> layers.0  (add)
+  forward  layers.0 -> layers.1  (keep)
+  forward  layers.1 -> layers.2  (keep)
++ forward  layers.2 -> layers.3  (add)
+- forward  layers.2 -> layers.1  (remove)
++ backward <root> -> layers.3  (add)
+  backward layers.1 -> layers.0  (keep)
+  backward layers.2 -> layers.1  (keep)
+  backward layers.3 -> layers.2  (keep)
+"""
+
+
+def test_untracked_target_is_removed(scenario_runs: Path) -> None:
+    result = suggest(fsdptrace.load(scenario_runs / "missing-target"))
+    assert ("layers.3", "forward", "adapter", "remove") in actions(result.diff)
+    assert "adapter" not in result.forward_order
+
+
+def test_most_common_order_wins_over_an_unstable_step(scenario_runs: Path) -> None:
+    result = suggest(fsdptrace.load(scenario_runs / "order-instability"))
+    assert result.forward_order == LAYERS
+
+
+def test_a_tie_goes_to_the_lowest_rank(scenario_runs: Path) -> None:
+    # rank 1 runs layers 0, 2, 1, 3 in every micro-step: as many orders as rank 0.
+    result = suggest(fsdptrace.load(scenario_runs / "rank-divergence"))
+    assert result.forward_order == LAYERS
+
+
+def test_killed_rank_cut_off_is_not_an_order(scenario_runs: Path) -> None:
+    result = suggest(fsdptrace.load(scenario_runs / "killed-rank"))
+    assert result.forward_order == LAYERS
+    assert result.backward_order == BACKWARD
+
+
+def test_grouped_unit_is_a_comment_not_a_call() -> None:
+    diff = pd.DataFrame([("embed,head", "forward", "layers.0", "add"),
+                         ("layers.0", "forward", "embed,head", "remove")],
+                        columns=["unit", "phase", "target", "action"])
+    empty = diff.iloc[0:0, :3]
+    calls = prefetch_calls(Suggestion((), (), empty, empty, diff))
+    assert calls[0].startswith("# embed,head -> [layers.0] (forward):")
+    assert calls[1] == "model.layers[0].set_modules_to_forward_prefetch([])"
