@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
-
-from fsdptrace.version import __version__
 from fsdptrace_cli.commands import COMMANDS
 from fsdptrace_cli.main import cli
+
+from fsdptrace.version import __version__
 from tests.jobs import REPO
 
 COMMAND_NAMES = sorted(c.name for c in COMMANDS if c.name)
