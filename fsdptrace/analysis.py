@@ -31,8 +31,14 @@ from fsdptrace.checks import (
     stalled_rank,
     wasted_prefetch,
 )
-from fsdptrace.checks.order import drop_cut_off, signatures, unit_sets, with_positions
-from fsdptrace.trace import Trace, check_meta, load
+from fsdptrace.checks.order import (
+    drop_cut_off,
+    first_positions,
+    signatures,
+    unit_sets,
+    with_positions,
+)
+from fsdptrace.trace import Trace, check_meta, load, read_frame
 
 
 @dataclass
@@ -51,16 +57,20 @@ class RankSummary:
 
 def per_rank_findings(trace: Trace, names: Iterable[str]) -> pd.DataFrame:
     """Checks 1, 2, 3, 7, 8 and 9 on the tables of one or more ranks (also the live path)."""
-    names = set(names)
+    return _per_rank_findings(trace, set(names), complete_orders(trace), None)
+
+
+def _per_rank_findings(trace: Trace, names: set[str], complete: pd.DataFrame,
+                       sigs: pd.DataFrame | None) -> pd.DataFrame:
     out = []
     if prefetch_order.NAME in names:
-        out.append(prefetch_order.check(trace.events, trace.prefetch, trace.markers))
+        out.append(prefetch_order.check_positioned(first_positions(complete), trace.prefetch))
     if bypassed_unit.NAME in names:
         out.append(bypassed_unit.check(trace.events, trace.units, trace.gradients))
     if pending_all_gather.NAME in names:
         out.append(pending_all_gather.check(trace.pending, trace.allgathers))
     if order_instability.NAME in names:
-        out.append(order_instability.check(trace.events, trace.markers))
+        out.append(order_instability.check_positioned(complete, sigs))
     if wasted_prefetch.NAME in names:
         out.append(wasted_prefetch.check(trace.allgathers, trace.events))
     if redundant_prefetch.NAME in names:
@@ -69,7 +79,7 @@ def per_rank_findings(trace: Trace, names: Iterable[str]) -> pd.DataFrame:
 
 
 def complete_orders(trace: Trace) -> pd.DataFrame:
-    """Positioned events without the cut-off tail of stalled ranks (input of check 4)."""
+    """Positioned events without the cut-off tail of stalled ranks (input of checks 1, 4, 7)."""
     return with_positions(drop_cut_off(trace.events, trace.markers))
 
 
@@ -77,9 +87,12 @@ def map_trace(trace: Trace, names: Iterable[str]) -> RankSummary:
     """The map step: per-rank findings plus the summaries the reduce step compares."""
     markers = trace.markers
     ends = markers[markers["kind"].isin([schema.MARKER_CLOSE, schema.MARKER_CRASH])]
+    # Positions and signatures are computed once, shared by checks 1 and 7 and the reduce.
+    complete = complete_orders(trace)
+    sigs = signatures(complete)
     return RankSummary(
-        findings=per_rank_findings(trace, names),
-        signatures=signatures(complete_orders(trace)),
+        findings=_per_rank_findings(trace, set(names), complete, sigs),
+        signatures=sigs,
         config_signatures=prefetch_config_divergence.config_signatures(trace.prefetch),
         unit_sets=unit_sets(trace.units),
         last=stalled_rank.last_positions(trace.events),
@@ -144,10 +157,11 @@ def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None
     check_meta(_concat_field(summaries, "meta"), run_dir)
 
     def fetch_orders(needed: list[int]) -> pd.DataFrame:
-        return complete_orders(load(run_dir, ranks=needed))
+        events, markers = (read_frame(run_dir, t, needed) for t in ("events", "markers"))
+        return with_positions(drop_cut_off(events, markers))
 
     def fetch_prefetch(needed: list[int]) -> pd.DataFrame:
-        return load(run_dir, ranks=needed).prefetch
+        return read_frame(run_dir, "prefetch", needed)
 
     return reduce_summaries(summaries, names, fetch_orders, fetch_prefetch)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fsdptrace import schema
-from fsdptrace.checks import findings
+from fsdptrace.checks import findings, keys
 
 NAME = "bypassed-unit"
 SEVERITY = findings.ERROR
@@ -15,21 +15,16 @@ def check(events: pd.DataFrame, units: pd.DataFrame, gradients: pd.DataFrame) ->
     """Per rank and optimizer step: non-root units with gradients and no forward begin."""
     if not len(gradients):
         return findings.empty()
-    with_grad = gradients[gradients["has_grad"]].assign(
-        rank=lambda f: f["rank"].astype("int64"), unit=lambda f: f["unit"].astype(str))
-    roots = units[units["is_root"]].assign(rank=lambda f: f["rank"].astype("int64"),
-                                           unit=lambda f: f["unit"].astype(str))
-    with_grad = with_grad.merge(roots[["rank", "unit"]].assign(_root=True),
-                                on=["rank", "unit"], how="left")
-    with_grad = with_grad[with_grad["_root"].isna()]
-    forward = events[events["phase"] == schema.FORWARD]
-    ran = forward[["rank", "step", "unit"]].drop_duplicates().assign(
-        rank=lambda f: f["rank"].astype("int64"), unit=lambda f: f["unit"].astype(str),
-        _ran=True)
-    merged = with_grad.merge(ran, on=["rank", "step", "unit"], how="left")
-    bypassed = merged[merged["_ran"].isna()]
+    with_grad = gradients[gradients["has_grad"].fillna(False).to_numpy(bool)]
+    roots = units[units["is_root"].fillna(False).to_numpy(bool)]
+    forward = events.loc[(events["phase"] == schema.FORWARD).to_numpy(bool),
+                         ["rank", "step", "unit"]]
+    bypassed = with_grad[~keys.isin(with_grad, roots, ["rank", "unit"])
+                         & ~keys.isin(with_grad, forward, ["rank", "step", "unit"])]
     if not len(bypassed):
         return findings.empty()
+    bypassed = bypassed.assign(rank=bypassed["rank"].astype("int64"),
+                               unit=bypassed["unit"].astype(str))
     grouped = bypassed.groupby(["rank", "step", "unit"], sort=True).agg(
         micro_step=("micro_step", "max"), params=("param", lambda p: ", ".join(map(str, p))),
     ).reset_index()

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fsdptrace import schema
+from fsdptrace.checks import keys
 
 GROUP = ["rank", "step", "micro_step", "phase"]
 _PHASE_RANK = {schema.FORWARD: 0, schema.BACKWARD: 1}
@@ -17,15 +18,31 @@ _PHASE_RANK = {schema.FORWARD: 0, schema.BACKWARD: 1}
 
 def with_positions(events: pd.DataFrame) -> pd.DataFrame:
     """Events sorted by rank and seq, with each one's ``position`` in its order."""
-    ordered = events.sort_values(["rank", "seq"], kind="stable")
-    return ordered.assign(
-        position=ordered.groupby(GROUP, observed=True, sort=False).cumcount().astype("int64")
-    )
+    rank, seq = events["rank"].to_numpy(), events["seq"].to_numpy()
+    in_order = len(events) < 2 or bool(
+        ((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (seq[1:] > seq[:-1]))).all())
+    ordered = events if in_order else events.sort_values(["rank", "seq"], kind="stable")
+    (group,) = keys.row_keys([ordered], GROUP)
+    return ordered.assign(position=_cumcount(group))
+
+
+def _cumcount(group: np.ndarray) -> np.ndarray:
+    """Per row, how many earlier rows share its group key (groupby().cumcount(), in numpy)."""
+    order = np.argsort(group, kind="stable")
+    grouped = group[order]
+    index = np.arange(len(group), dtype=np.int64)
+    starts = np.ones(len(group), dtype=bool)
+    starts[1:] = grouped[1:] != grouped[:-1]
+    within = index - np.maximum.accumulate(np.where(starts, index, 0))
+    position = np.empty(len(group), dtype=np.int64)
+    position[order] = within
+    return position
 
 
 def first_positions(positioned: pd.DataFrame) -> pd.DataFrame:
     """A unit's position in an order is its first: repeated calls keep their data only."""
-    return positioned.drop_duplicates(GROUP + ["unit"], keep="first")
+    (key,) = keys.row_keys([positioned], GROUP + ["unit"])
+    return positioned[~pd.Series(key).duplicated().to_numpy()]
 
 
 def stalled_ranks(markers: pd.DataFrame, ranks: pd.Series | list[int]) -> set[int]:
@@ -57,17 +74,29 @@ def signatures(positioned: pd.DataFrame) -> pd.DataFrame:
     """
     if not len(positioned):
         return pd.DataFrame(columns=GROUP + ["signature", "length"])
-    unit_hash = pd.util.hash_array(positioned["unit"].astype(str).to_numpy())
+    unit_hash = name_hashes(positioned["unit"])
     mixed = pd.util.hash_array(
-        (unit_hash ^ (positioned["position"].to_numpy().astype(np.uint64) * np.uint64(
-            0x9E3779B97F4A7C15)))
+        unit_hash ^ (positioned["position"].to_numpy().astype(np.uint64) * np.uint64(
+            0x9E3779B97F4A7C15))
     )
-    frame = positioned[GROUP].copy()
-    frame["signature"] = mixed
-    grouped = frame.groupby(GROUP, observed=True, sort=True)
-    out = grouped["signature"].sum().to_frame()
-    out["length"] = grouped.size()
-    return out.reset_index()
+    (group,) = keys.row_keys([positioned], GROUP)
+    codes, uniques = pd.factorize(group, sort=True)
+    sums = np.zeros(len(uniques), dtype=np.uint64)
+    np.add.at(sums, codes, mixed.astype(np.uint64))
+    _, first = np.unique(codes, return_index=True)
+    out = positioned[GROUP].iloc[first].reset_index(drop=True)
+    out["signature"] = sums
+    out["length"] = np.bincount(codes, minlength=len(uniques)).astype(np.int64)
+    return out
+
+
+def name_hashes(units: pd.Series) -> np.ndarray:
+    """``hash_array`` of each unit's name, hashing each distinct name once."""
+    if not isinstance(units.dtype, pd.CategoricalDtype):
+        return pd.util.hash_array(units.astype(str).to_numpy())
+    names = units.cat.categories.astype(str).to_numpy()
+    per_name = np.append(pd.util.hash_array(names), pd.util.hash_array(np.array(["nan"])))
+    return per_name[units.cat.codes.to_numpy()]
 
 
 def first_difference(left: pd.DataFrame, right: pd.DataFrame, on: list[str]) -> pd.DataFrame:

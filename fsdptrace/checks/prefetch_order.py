@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from fsdptrace.checks import findings
+from fsdptrace.checks import findings, keys
 from fsdptrace.checks.order import GROUP, drop_cut_off, first_positions, with_positions
 
 NAME = "prefetch-order"
@@ -12,49 +13,67 @@ SEVERITY = findings.ERROR
 _KEY_SCALE = 1_000_000
 
 
-def edges_in_effect(groups: pd.DataFrame, prefetch: pd.DataFrame) -> pd.DataFrame:
-    """Join each (rank, step, micro_step) group to the prefetch snapshot configured then."""
-    edges = prefetch.dropna(subset=["target"])
-    if not len(groups) or not len(edges):
-        return pd.DataFrame(columns=["rank", "step", "micro_step", "unit", "phase", "target"])
-    snapshots = prefetch[["rank", "step", "micro_step"]].drop_duplicates()
-    snapshots = snapshots.assign(
-        key=snapshots["step"].astype("int64") * _KEY_SCALE + snapshots["micro_step"],
-        rank=snapshots["rank"].astype("int64"),
-    ).rename(columns={"step": "snap_step", "micro_step": "snap_micro"})
+def snapshot_ids(groups: pd.DataFrame, prefetch: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """Per row of ``groups``, the index of the prefetch snapshot in effect then (-1: none).
+
+    Also returns the snapshots (``rank, step, micro_step``), indexed by that number.
+    """
+    snapshots = prefetch[["rank", "step", "micro_step"]].drop_duplicates().reset_index(drop=True)
     wanted = groups[["rank", "step", "micro_step"]].drop_duplicates()
-    wanted = wanted.assign(
-        key=wanted["step"].astype("int64") * _KEY_SCALE + wanted["micro_step"],
-        rank=wanted["rank"].astype("int64"),
-    )
-    matched = pd.merge_asof(wanted.sort_values("key"), snapshots.sort_values("key"), on="key",
-                            by="rank", direction="backward").dropna(subset=["snap_step"])
-    edges = edges.assign(rank=edges["rank"].astype("int64")).rename(
-        columns={"step": "snap_step", "micro_step": "snap_micro"})
-    matched = matched.astype({"snap_step": "int64", "snap_micro": "int64"})
-    edges = edges.astype({"snap_step": "int64", "snap_micro": "int64"})
-    joined = matched.merge(edges, on=["rank", "snap_step", "snap_micro"])
-    return joined[["rank", "step", "micro_step", "unit", "phase", "target"]]
+    found = pd.merge_asof(
+        _keyed(wanted).sort_values("key"),
+        _keyed(snapshots).assign(snapshot=np.arange(len(snapshots))).drop(
+            columns=["step", "micro_step"]).sort_values("key"),
+        on="key", by="rank", direction="backward")
+    found["snapshot"] = found["snapshot"].fillna(-1).astype("int64")
+    group_key, found_key = keys.row_keys([groups, found], ["rank", "step", "micro_step"])
+    where = pd.Index(found_key).get_indexer(group_key)
+    return found["snapshot"].to_numpy()[where], snapshots
+
+
+def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.assign(
+        key=frame["step"].astype("int64") * _KEY_SCALE + frame["micro_step"].astype("int64"),
+        rank=frame["rank"].astype("int64"))
 
 
 def check(events: pd.DataFrame, prefetch: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
     """Every executed source's configured targets, against the order units began."""
-    positioned = first_positions(with_positions(drop_cut_off(events, markers)))
-    if not len(positioned) or not len(prefetch):
+    return check_positioned(first_positions(with_positions(drop_cut_off(events, markers))),
+                            prefetch)
+
+
+def check_positioned(positioned: pd.DataFrame, prefetch: pd.DataFrame) -> pd.DataFrame:
+    """``check`` on first positions of complete orders (``first_positions`` output)."""
+    edges = prefetch.dropna(subset=["target"])
+    if not len(positioned) or not len(edges):
         return findings.empty()
-    plain = positioned.assign(
-        rank=positioned["rank"].astype("int64"),
-        unit=positioned["unit"].astype(str),
-        phase=positioned["phase"].astype(str),
-    )[GROUP + ["unit", "position"]]
-    edges = edges_in_effect(plain, prefetch).astype({"unit": str, "phase": str, "target": str})
-    sources = plain.merge(edges, on=GROUP + ["unit"])
-    targets = plain.rename(columns={"unit": "target", "position": "target_position"})
-    checked = sources.merge(targets, on=GROUP + ["target"], how="left")
-    missing = checked[checked["target_position"].isna()]
-    early = checked[checked["target_position"].notna()
-                    & (checked["target_position"] <= checked["position"])]
-    return findings.combine([_missing(missing), _early(early)])
+    positioned = positioned.reset_index(drop=True)
+    snapshot, snapshots = snapshot_ids(positioned, prefetch)
+    edge_keys = keys.row_keys([edges, snapshots], ["rank", "step", "micro_step"])
+    edges = edges.assign(snapshot=pd.Index(edge_keys[1]).get_indexer(edge_keys[0]))
+    sources = positioned.assign(snapshot=snapshot)
+    source_key, edge_key = keys.row_keys([sources, edges], ["snapshot", "phase", "unit"])
+    pairs = pd.DataFrame({"key": source_key, "source": np.arange(len(sources))}).merge(
+        pd.DataFrame({"key": edge_key, "edge": np.arange(len(edges))}), on="key")
+    source_rows, edge_rows = pairs["source"].to_numpy(), pairs["edge"].to_numpy()
+    # The target's key is the source's order with the target in place of the unit.
+    wanted = positioned.iloc[source_rows][GROUP].reset_index(drop=True).assign(
+        unit=edges["target"].iloc[edge_rows].reset_index(drop=True))
+    have_key, want_key = keys.row_keys([positioned, wanted], GROUP + ["unit"])
+    found = pd.Index(have_key).get_indexer(want_key)
+    position = positioned["position"].to_numpy()
+    target_position = np.where(found >= 0, position[np.maximum(found, 0)], -1)
+    missing = found < 0
+    early = ~missing & (target_position <= position[source_rows])
+    flagged = missing | early
+    rows = positioned.iloc[source_rows[flagged]][GROUP + ["unit", "position"]].assign(
+        target=edges["target"].iloc[edge_rows[flagged]].to_numpy(),
+        target_position=target_position[flagged])
+    rows = rows.assign(rank=rows["rank"].astype("int64"), unit=rows["unit"].astype(str),
+                       phase=rows["phase"].astype(str), target=rows["target"].astype(str))
+    is_missing = missing[flagged]
+    return findings.combine([_missing(rows[is_missing]), _early(rows[~is_missing])])
 
 
 def _missing(rows: pd.DataFrame) -> pd.DataFrame:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdptrace.checks import findings
+from fsdptrace.checks import findings, keys
 from fsdptrace.checks.order import GROUP, first_difference, majority
 
 NAME = "rank-divergence"
@@ -37,8 +37,11 @@ def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, orders: pd.DataFram
     minority = divergent(signatures, unit_sets)
     if not len(minority):
         return findings.empty()
-    plain = orders.assign(rank=orders["rank"].astype("int64"), phase=orders["phase"].astype(str),
-                          unit=orders["unit"].astype(str))
+    # Only the diverging orders and their references are compared unit by unit.
+    references = minority[GROUP].assign(rank=minority["reference_rank"])
+    needed = orders[keys.isin(orders, minority, GROUP) | keys.isin(orders, references, GROUP)]
+    plain = needed.assign(rank=needed["rank"].astype("int64"), phase=needed["phase"].astype(str),
+                          unit=needed["unit"].astype(str))
     left = plain.merge(minority[GROUP], on=GROUP)
     right_keys = minority[GROUP].assign(reference_rank=minority["reference_rank"])
     right = plain.rename(columns={"rank": "reference_rank"}).merge(
