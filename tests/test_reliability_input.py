@@ -1,0 +1,290 @@
+"""Bad input to the analyzer: every odd run dir gives one clear line and the right exit code.
+
+Each input is a copy of a real scenario run dir (``scenario_runs``) with files rewritten by
+pyarrow, keeping fsdptrace's schema metadata unless the case is about that metadata. The CLI
+runs through click's ``CliRunner``: 2 for bad input (no traceback), 1/0 for findings.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+
+import fsdptrace
+from fsdptrace import schema
+from fsdptrace_cli.main import cli
+
+pytestmark = pytest.mark.slow
+
+
+def analyze_cli(run_dir: Path, *args: str) -> Result:
+    result = CliRunner().invoke(cli, ["analyze", str(run_dir), "--jobs", "1", *args])
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
+
+
+def copy_run(scenario_runs: Path, tmp_path: Path, name: str = "clean") -> Path:
+    target = tmp_path / name
+    shutil.copytree(scenario_runs / name, target)
+    return target
+
+
+def first_part(run_dir: Path, table: str, rank: int = 0) -> Path:
+    return sorted((run_dir / table / f"rank={rank}").glob("part-*.parquet"))[0]
+
+
+def rewrite(path: Path, change: Callable[[pa.Table], pa.Table]) -> None:
+    """Rewrite one chunk; the change decides what happens to the footer metadata."""
+    pq.write_table(change(pq.read_table(path)), path)
+
+
+def with_version(version: bytes) -> Callable[[pa.Table], pa.Table]:
+    def change(table: pa.Table) -> pa.Table:
+        meta = dict(table.schema.metadata or {})
+        meta[schema.SCHEMA_VERSION_KEY] = version
+        meta[schema.FSDPTRACE_VERSION_KEY] = b"9.9"
+        return table.replace_schema_metadata(meta)
+
+    return change
+
+
+# ------------------------------------------------------------------ corrupt files
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _truncated(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _footer_only_garbage(path: Path) -> None:
+    path.write_bytes(b"PAR1" + b"\x00garbage" * 50 + b"PAR1")
+
+
+@pytest.mark.parametrize("corrupt", [_empty, _truncated, _footer_only_garbage])
+@pytest.mark.parametrize("table", ["events", "meta"])
+def test_corrupt_chunk_is_bad_input_naming_the_file(
+    scenario_runs: Path, tmp_path: Path, corrupt: Callable[[Path], None], table: str
+) -> None:
+    run = copy_run(scenario_runs, tmp_path)
+    path = first_part(run, table, rank=1)
+    corrupt(path)
+    result = analyze_cli(run)
+    assert result.exit_code == 2, result.output
+    assert str(path) in result.stderr and "truncated or corrupt" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_corrupt_chunk_in_parallel_map_is_bad_input(scenario_runs: Path, tmp_path: Path) -> None:
+    """The per-rank map runs in worker processes: their errors still map to exit 2."""
+    run = copy_run(scenario_runs, tmp_path)
+    _truncated(first_part(run, "events", rank=1))
+    result = CliRunner().invoke(cli, ["analyze", str(run), "--jobs", "2"])
+    assert result.exit_code == 2 and "truncated or corrupt" in result.stderr, result.output
+
+
+# ------------------------------------------------------------------ schemas and versions
+def test_wrong_columns_is_bad_input(scenario_runs: Path, tmp_path: Path) -> None:
+    run = copy_run(scenario_runs, tmp_path)
+    path = first_part(run, "events")
+    rewrite(path, lambda t: t.drop_columns(["unit"]))
+    result = analyze_cli(run)
+    assert result.exit_code == 2
+    assert f"{path}: not a events table (missing columns unit)" in result.stderr
+
+
+def test_wrong_column_types_is_bad_input_naming_the_file(
+    scenario_runs: Path, tmp_path: Path
+) -> None:
+    run = copy_run(scenario_runs, tmp_path)
+    path = first_part(run, "events")
+
+    def strings_for_steps(table: pa.Table) -> pa.Table:
+        index = table.schema.get_field_index("step")
+        values = pa.array(["step-" + str(v) for v in table["step"].to_pylist()])
+        return table.set_column(index, "step", values)
+
+    rewrite(path, strings_for_steps)
+    result = analyze_cli(run)
+    assert result.exit_code == 2, result.output
+    assert str(path) in result.stderr and "step" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_parquet_not_written_by_fsdptrace_is_bad_input(
+    scenario_runs: Path, tmp_path: Path
+) -> None:
+    run = copy_run(scenario_runs, tmp_path)
+    path = first_part(run, "markers")
+    rewrite(path, lambda t: t.replace_schema_metadata({}))
+    result = analyze_cli(run)
+    assert result.exit_code == 2
+    assert f"{path}: not written by fsdptrace" in result.stderr
+
+
+@pytest.mark.parametrize("table", ["meta", "events", "prefetch"])
+def test_future_schema_version_says_which_versions(
+    scenario_runs: Path, tmp_path: Path, table: str
+) -> None:
+    run = copy_run(scenario_runs, tmp_path)
+    path = first_part(run, table, rank=1)
+    rewrite(path, with_version(b"99"))
+    result = analyze_cli(run)
+    assert result.exit_code == 2
+    assert (f"{path}: written by fsdptrace 9.9 with schema 99; this fsdptrace reads schema "
+            f"{schema.SCHEMA_VERSION}") in result.stderr
+
+
+def test_ranks_of_different_versions_name_the_odd_rank(
+    scenario_runs: Path, tmp_path: Path
+) -> None:
+    run = copy_run(scenario_runs, tmp_path)
+    for path in run.glob("*/rank=1/part-*.parquet"):
+        rewrite(path, with_version(b"2"))
+    result = analyze_cli(run)
+    assert result.exit_code == 2
+    assert "/rank=1/" in result.stderr and "with schema 2" in result.stderr
+    assert "/rank=0/" not in result.stderr
+
+
+# ------------------------------------------------------------------ layout
+def test_missing_rank_partition_is_a_finding(scenario_runs: Path, tmp_path: Path) -> None:
+    run = copy_run(scenario_runs, tmp_path)
+    for partition in run.glob("*/rank=1"):
+        shutil.rmtree(partition)
+    result = analyze_cli(run, "--format", "json")
+    assert result.exit_code == 1, result.output
+    found = json.loads(result.stdout)["findings"]
+    assert [(f["check"], f["rank"]) for f in found] == [("stalled-rank", 1)]
+    assert "rank 1 of world size 2 has no data on disk" in found[0]["message"]
+
+
+def test_rank_missing_from_one_table_only_is_not_an_error(
+    scenario_runs: Path, tmp_path: Path
+) -> None:
+    """A rank that recorded nothing in a table (no pending all-gathers) is normal."""
+    run = copy_run(scenario_runs, tmp_path)
+    shutil.rmtree(run / "gradients" / "rank=1")
+    assert analyze_cli(run).exit_code == 0
+
+
+def test_duplicate_rank_partitions_are_bad_input(scenario_runs: Path, tmp_path: Path) -> None:
+    run = copy_run(scenario_runs, tmp_path)
+    shutil.copytree(run / "events" / "rank=1", run / "events" / "rank=01")
+    result = analyze_cli(run)
+    assert result.exit_code == 2
+    assert "rank 1 has two partitions" in result.stderr and "rank=01" in result.stderr
+
+
+def test_two_processes_claiming_one_rank_are_bad_input(
+    scenario_runs: Path, tmp_path: Path
+) -> None:
+    run = copy_run(scenario_runs, tmp_path)
+    source = first_part(run, "meta", rank=1)
+    other = source.with_name("part-wother-000000.parquet")
+    table = pq.read_table(source)
+    pq.write_table(table.set_column(table.schema.get_field_index("pid"), "pid",
+                                    pa.array([4242], pa.int64())), other)
+    result = analyze_cli(run)
+    assert result.exit_code == 2
+    assert "rank 1" in result.stderr and "several processes" in result.stderr
+
+
+def test_garbage_files_are_ignored(scenario_runs: Path, tmp_path: Path) -> None:
+    run = copy_run(scenario_runs, tmp_path, "wrong-forward-prefetch")
+    expected = fsdptrace.analyze(run)
+    (run / "README.txt").write_text("notes")
+    (run / "junk").mkdir()
+    (run / "junk" / "rank=0").mkdir()
+    (run / "events" / "notes.txt").write_text("x")
+    (run / "events" / "rank=zero").mkdir()
+    (run / "events" / "rank=3.parquet").write_bytes(b"\x00")
+    (run / "events" / "rank=0" / ".DS_Store").write_bytes(b"\x00\x01")
+    (run / "events" / "rank=0" / "garbage.bin").write_bytes(b"\xff" * 100)
+    (run / "events" / "rank=0" / ".part-w1-000009.parquet.tmp").write_bytes(b"PAR1")
+    pd.testing.assert_frame_equal(fsdptrace.analyze(run), expected)
+    assert analyze_cli(run).exit_code == 1
+
+
+@pytest.mark.parametrize("path", ["", "nope", "file"])
+def test_not_a_run_dir_is_bad_input(tmp_path: Path, path: str) -> None:
+    target = tmp_path / path if path else tmp_path
+    if path == "file":
+        target.write_text("x")
+    result = analyze_cli(target)
+    assert result.exit_code == 2 and result.stderr.startswith("fsdptrace: error: ")
+
+
+# ------------------------------------------------------------------ odd unit names
+ODD = {
+    "layers.0": 'lay"ers\'.0\n# not a heading',
+    "layers.1": "<script>alert(1)</script>|x|",
+    "layers.2": "층.2 → 😀 `code` *bold* [link](http://x)",
+    "layers.3": "\\back\\slash\r\ttab_",
+}
+
+
+def _rename(table: pa.Table) -> pa.Table:
+    """Every string column: only exact unit names change, so other text stays as it was."""
+    for index, field in enumerate(table.schema):
+        kind = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+        if not pa.types.is_string(kind):
+            continue
+        values = [ODD.get(v, v) for v in table[field.name].to_pylist()]
+        table = table.set_column(index, field, pa.array(values).cast(field.type))
+    return table
+
+
+def odd_copy(scenario_runs: Path, tmp_path: Path, name: str) -> Path:
+    run = copy_run(scenario_runs, tmp_path, name)
+    for path in run.glob("*/rank=*/part-*.parquet"):
+        rewrite(path, _rename)
+    return run
+
+
+@pytest.mark.parametrize("name", ["wrong-forward-prefetch", "rank-divergence", "killed-rank"])
+def test_odd_unit_names_keep_every_finding(scenario_runs: Path, tmp_path: Path,
+                                           name: str) -> None:
+    original = fsdptrace.analyze(scenario_runs / name)
+    renamed = fsdptrace.analyze(odd_copy(scenario_runs, tmp_path, name))
+    assert len(original)
+    for column in ("check", "severity", "rank", "step", "micro_step", "phase"):
+        pd.testing.assert_series_equal(renamed[column], original[column])
+    for column in ("unit", "target"):
+        expected = original[column].map(lambda v: ODD.get(v, v), na_action="ignore")
+        pd.testing.assert_series_equal(renamed[column], expected.astype("string"))
+
+
+def test_reports_escape_odd_unit_names(scenario_runs: Path, tmp_path: Path) -> None:
+    run = odd_copy(scenario_runs, tmp_path, "wrong-forward-prefetch")
+    findings = fsdptrace.analyze(run)
+    odd_in_findings = set(findings["unit"].dropna()) & set(ODD.values())
+    assert odd_in_findings
+
+    as_json = analyze_cli(run, "--format", "json")
+    assert as_json.exit_code == 1
+    document = json.loads(as_json.stdout)
+    assert {f["unit"] for f in document["findings"]} == set(findings["unit"].dropna())
+
+    markdown = analyze_cli(run, "--format", "markdown")
+    assert markdown.exit_code == 1
+    assert "<script>" not in markdown.stdout and "\\<script\\>" in markdown.stdout
+    for line in markdown.stdout.splitlines():
+        assert not line.startswith("# not a heading")
+        if line.startswith("| ") and not line.startswith("| where"):
+            assert line.count(" | ") == 1 and line.endswith(" |"), line  # two cells only
+
+    plain = analyze_cli(run)
+    assert plain.exit_code == 1
+    assert not any(line.startswith("# not a heading") for line in plain.stdout.splitlines())
+    assert "\r" not in plain.stdout
