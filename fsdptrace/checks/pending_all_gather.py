@@ -21,7 +21,8 @@ def check(pending: pd.DataFrame, allgathers: pd.DataFrame | None = None) -> pd.D
     issued = _issued_by(rows, allgathers)
     message = (rows["unit"] + ": " + rows["kind"].astype(str) + " " + rows["bucket"].astype(str)
                + " " + rows["state"].astype(str) + issued + " at the optimizer boundary: the next "
-               + "forward will consume the pre-step gather and run on stale parameters; fix the prefetch edge that issued it, "
+               + "forward will consume the pre-step gather and run on stale parameters; fix the "
+               + "prefetch edge that issued it, "
                + "or let the last micro-step's backward be the last (set_is_last_backward)")
     return findings.make(NAME, SEVERITY, rows, message)
 

@@ -118,8 +118,9 @@ class Provenance:
             cached = 0
             for fsdp_param in getattr(group, "fsdp_params", ()):
                 size = getattr(fsdp_param, "_orig_size", None)
-                dtype = getattr(fsdp_param, "param_dtype", None) or getattr(
-                    fsdp_param, "orig_dtype", torch.float32)
+                dtype: torch.dtype = (getattr(fsdp_param, "param_dtype", None)
+                                      or getattr(fsdp_param, "orig_dtype", None)
+                                      or torch.float32)
                 if size is not None:
                     cached += int(torch.Size(size).numel()) * dtype.itemsize
             self.num_bytes[key] = cached
