@@ -136,7 +136,8 @@ def _concat_field(summaries: list[RankSummary], name: str) -> pd.DataFrame:
     return pd.concat(non_empty, ignore_index=True)
 
 
-def _map_rank(run_dir: Path, rank: int, names: list[str]) -> RankSummary:
+def map_rank(run_dir: Path, rank: int, names: list[str]) -> RankSummary:
+    """The map step for one rank of a run dir (what each process or Dask worker runs)."""
     return map_trace(load(run_dir, ranks=[rank]), names)
 
 
@@ -154,6 +155,12 @@ def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None
     reader.check_run_dir(run_dir)
     ranks = reader.discover_ranks(run_dir)
     summaries = _map_ranks(run_dir, ranks, names, jobs, progress)
+    return reduce_run_dir(run_dir, summaries, names)
+
+
+def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
+                   ) -> pd.DataFrame:
+    """The reduce step for a run dir, re-reading only the tables of the ranks it must."""
     check_meta(_concat_field(summaries, "meta"), run_dir)
 
     def fetch_orders(needed: list[int]) -> pd.DataFrame:
@@ -177,12 +184,12 @@ def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
     summaries: list[RankSummary] = []
     if jobs <= 1 or len(ranks) <= 1:
         for rank in ranks:
-            summaries.append(_map_rank(run_dir, rank, names))
+            summaries.append(map_rank(run_dir, rank, names))
             if progress:
                 progress(len(summaries))
         return summaries
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for summary in pool.map(_map_rank, [run_dir] * len(ranks), ranks, [names] * len(ranks),
+        for summary in pool.map(map_rank, [run_dir] * len(ranks), ranks, [names] * len(ranks),
                                 chunksize=max(1, len(ranks) // (jobs * 8))):
             summaries.append(summary)
             if progress:
@@ -190,5 +197,5 @@ def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
     return summaries
 
 
-__all__ = ["CHECKS", "RankSummary", "analyze", "map_trace", "per_rank_findings",
-           "reduce_summaries"]
+__all__ = ["CHECKS", "RankSummary", "analyze", "map_rank", "map_trace", "per_rank_findings",
+           "reduce_run_dir", "reduce_summaries"]

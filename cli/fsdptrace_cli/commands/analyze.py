@@ -22,7 +22,7 @@ def exit_code(findings: object, fail_on: str) -> int:
 
 
 def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[str, ...],
-                 fail_on: str, jobs: int) -> int:
+                 fail_on: str, jobs: int, scheduler: str | None = None) -> int:
     """Analyze and render; returns the exit code (shared with ``fsdptrace record``)."""
     from fsdptrace import analyze, reader
     from fsdptrace.render import as_json, markdown, text
@@ -32,7 +32,13 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
     reader.check_run_dir(run_dir)
     num_ranks = len(reader.discover_ranks(run_dir))
     with rank_progress(num_ranks, "analyzing ranks") as advance:
-        findings = analyze(run_dir, list(checks) or None, jobs=jobs, progress=advance)
+        if scheduler:
+            from fsdptrace.distributed import analyze_distributed
+
+            findings = analyze_distributed(run_dir, scheduler, list(checks) or None,
+                                           progress=advance)
+        else:
+            findings = analyze(run_dir, list(checks) or None, jobs=jobs, progress=advance)
     ranks = reader.discover_ranks(run_dir)
     meta = load(run_dir, ranks=ranks[:1] or None)
     world_size = meta.world_size if len(meta.meta) else len(ranks)
@@ -66,9 +72,12 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
               help="Exit 1 when a finding of this severity or worse exists.")
 @click.option("--jobs", "-j", type=int, default=None,
               help="Processes for the per-rank map step [default: available cores].")
+@click.option("--scheduler", metavar="tcp://HOST:PORT",
+              help="Run the per-rank map on this Dask scheduler (pip install 'fsdptrace[dask]').")
 @click.pass_context
 def command(ctx: click.Context, run_dir: Path, fmt: str, output: Path | None,
-            checks: tuple[str, ...], fail_on: str, jobs: int | None) -> None:
+            checks: tuple[str, ...], fail_on: str, jobs: int | None,
+            scheduler: str | None) -> None:
     """Merge the ranks of RUN_DIR, run every check, and print a report.
 
     Exit status: 0 no finding at or above --fail-on, 1 findings, 2 bad input.
@@ -81,4 +90,4 @@ def command(ctx: click.Context, run_dir: Path, fmt: str, output: Path | None,
     if jobs is None:
         jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     ctx.exit(run_analysis(run_dir, fmt=fmt, output=output, checks=checks, fail_on=fail_on,
-                          jobs=jobs))
+                          jobs=jobs, scheduler=scheduler))

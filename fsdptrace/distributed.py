@@ -1,0 +1,72 @@
+"""``analyze`` on a Dask distributed cluster: the same map per rank, the same reduce.
+
+Runs of thousands of ranks outgrow one machine's cores; the map step is already one function
+of (run dir, rank), so a cluster only has to call it per rank. The run dir must be readable
+at the same path on every worker (a shared filesystem). The workers return ``RankSummary``
+objects of small DataFrames, which Dask moves between processes itself; the client does the
+reduce and re-reads just the few orders it must spell out, as the local analyzer does.
+
+Dask is an optional extra: ``pip install 'fsdptrace[dask]'``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fsdptrace import analysis, reader
+from fsdptrace.checks import resolve
+from fsdptrace.errors import FsdptraceError
+
+INSTALL_HINT = ("--scheduler needs Dask distributed, which is not installed: "
+                "pip install 'fsdptrace[dask]'")
+
+
+def _client(scheduler: Any) -> Any:
+    """A client for ``scheduler`` (an address, or a ``distributed.Client`` to reuse)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise FsdptraceError(INSTALL_HINT) from None
+    if isinstance(scheduler, Client):
+        return scheduler
+    try:
+        return Client(scheduler, timeout="30s")
+    except OSError as error:
+        raise FsdptraceError(
+            f"cannot reach the Dask scheduler at {scheduler} ({error}); is it running, and "
+            "is the address tcp://HOST:PORT?") from None
+
+
+def analyze_distributed(run_dir: str | os.PathLike[str], scheduler: Any,
+                        checks: Iterable[str] | None = None, *,
+                        progress: Callable[[int], None] | None = None) -> pd.DataFrame:
+    """``fsdptrace.analyze(run_dir)``, with the per-rank map run on a Dask cluster.
+
+    ``scheduler``: ``tcp://HOST:PORT`` of a running scheduler, or a ``distributed.Client``.
+    Returns the same findings table as the local analyzer.
+    """
+    names = resolve(list(checks) if checks is not None else None)
+    path = Path(run_dir).resolve()
+    reader.check_run_dir(path)
+    ranks = reader.discover_ranks(path)
+    client = _client(scheduler)
+    own_client = client is not scheduler
+    try:
+        from distributed import as_completed
+
+        futures = client.map(analysis.map_rank, [path] * len(ranks), ranks,
+                             [names] * len(ranks), pure=False)
+        for done, future in enumerate(as_completed(futures), start=1):
+            future.result()  # raises the worker's error, naming the rank's file
+            if progress:
+                progress(done)
+        summaries = [future.result() for future in futures]
+    finally:
+        if own_client:
+            client.close()
+    return analysis.reduce_run_dir(path, summaries, names)

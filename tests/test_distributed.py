@@ -1,0 +1,85 @@
+"""``analyze`` on a Dask cluster gives exactly the local findings, and fails clearly without Dask.
+
+The cluster is a LocalCluster on loopback started by the test (threads, no extra processes),
+reached through its ``tcp://`` address as a remote scheduler would be.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+import fsdptrace
+from tests.synthetic import generate_tiny
+
+distributed = pytest.importorskip(
+    "distributed", reason="Dask distributed not installed: pip install 'fsdptrace[dask]'")
+
+
+@pytest.fixture(scope="module")
+def scheduler() -> Iterator[str]:
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                       protocol="tcp", host="127.0.0.1", dashboard_address=None)
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("dask") / "run"
+    generate_tiny(path)
+    return path
+
+
+def test_cluster_findings_equal_local(run_dir: Path, scheduler: str) -> None:
+    from fsdptrace.distributed import analyze_distributed
+
+    done: list[int] = []
+    remote = analyze_distributed(run_dir, scheduler, progress=done.append)
+    local = fsdptrace.analyze(run_dir)
+    assert len(local) > 10
+    pd.testing.assert_frame_equal(remote, local)
+    assert done == list(range(1, len(fsdptrace.load(run_dir).ranks) + 1))
+
+
+def test_cluster_selected_checks(run_dir: Path, scheduler: str) -> None:
+    from fsdptrace.distributed import analyze_distributed
+
+    remote = analyze_distributed(run_dir, scheduler, ["rank-divergence"])
+    assert set(remote["check"]) == {"rank-divergence"}
+
+
+def test_cli_scheduler_option(run_dir: Path, scheduler: str) -> None:
+    from fsdptrace_cli.main import cli
+
+    remote = CliRunner().invoke(cli, ["analyze", str(run_dir), "--scheduler", scheduler])
+    local = CliRunner().invoke(cli, ["analyze", str(run_dir), "--jobs", "1"])
+    assert remote.exit_code == local.exit_code == 1, remote.output
+    assert remote.output == local.output
+
+
+def test_unreachable_scheduler_is_one_line(run_dir: Path) -> None:
+    from fsdptrace.distributed import analyze_distributed
+
+    with pytest.raises(fsdptrace.FsdptraceError, match="cannot reach the Dask scheduler"):
+        analyze_distributed(run_dir, "tcp://127.0.0.1:1")
+
+
+def test_without_dask_says_how_to_install(run_dir: Path) -> None:
+    # A fresh interpreter where importing distributed fails, as where it is not installed.
+    code = ("import sys; sys.modules['distributed'] = None\n"
+            "from fsdptrace_cli.main import main\n"
+            f"sys.argv = ['fsdptrace', 'analyze', {str(run_dir)!r}, '--scheduler', 'tcp://x:1']\n"
+            "main()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'fsdptrace[dask]'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
