@@ -1,10 +1,14 @@
 """What all-gather provenance adds to the recorder: µs per unit per micro-step, same run.
 
-Two ranks on CPU/gloo (spawned here), a stack of ``fully_shard`` units with explicit one-ahead
-prefetch, 2 micro-steps per optimizer step. Three variants take turns in one job (rotating
-order, repeated): no recording, the recorder with provenance switched off (this script swaps
-``provenance.install`` for a no-op; the package is not touched), and the full recorder. The
-figure is (variant - no recording) / (units x micro-steps), min and median over repetitions.
+One rank by default (``--ranks 2`` for two) on CPU/gloo, spawned here: a stack of
+``fully_shard`` units with explicit one-ahead prefetch, 2 micro-steps per optimizer step.
+Three variants take turns in one job (rotating order, repeated): no recording, the
+recorder with provenance switched off (this script swaps ``provenance.install`` for a no-op;
+the package is not touched), and the full recorder. The figure is (variant - no recording)
+/ (units x micro-steps), min and median over repetitions.
+Step times on a shared machine are noisy, so the script also times one wrapped ``unshard()``
+against the plain one (interleaved, min of 5 x 20000 calls) and multiplies by the recorded
+calls per unit per micro-step: the stable figure.
 
     python benchmarks/provenance_overhead.py            # about a minute on 2 cores
     python benchmarks/provenance_overhead.py --quick    # smoke test
@@ -58,10 +62,42 @@ def _run_variant(variant: str, model: torch.nn.Module, optimizer: torch.optim.Op
         provenance.install = original  # type: ignore[assignment]
 
 
+def _per_call_cost(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   run_dir: str, calls: int = 20000) -> tuple[float, float]:
+    """(plain, wrapped) seconds per ``unshard()`` on an unsharded group: the wrapper's cost
+    without the step-time noise of a shared machine (both are FSDP's no-op path)."""
+    import fsdptrace
+
+    layer = model.layers[0]  # type: ignore[index]
+    group = layer._get_fsdp_state()._fsdp_param_groups[0]
+    layer.unshard()
+    best = {"plain": float("inf"), "wrapped": float("inf")}
+    with fsdptrace.attach(model, run_dir=run_dir, optimizer=optimizer):
+        wrapped = group.unshard
+        plain = type(group).unshard.__get__(group)
+        for _ in range(5):
+            for name, fn in (("plain", plain), ("wrapped", wrapped)):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best[name] = min(best[name], (time.perf_counter() - start) / calls)
+    layer.reshard()
+    return best["plain"], best["wrapped"]
+
+
+def _rows_per_unit_micro(tmp: str, args: argparse.Namespace) -> float:
+    """Wrapper calls that recorded a row, per unit per micro-step, in one full-recorder run."""
+    import fsdptrace
+
+    trace = fsdptrace.load(os.path.join(tmp, f"{VARIANTS[-1]}-0"))
+    micro = trace.allgathers[["step", "micro_step"]].drop_duplicates()
+    return len(trace.allgathers) / (args.units * len(micro))
+
+
 def _worker(rank: int, port: int, args: argparse.Namespace, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     model, optimizer = build_fsdp_stack(args.units - 1, args.dim)
     x = torch.randn(4, args.dim)
     _steps(model, optimizer, x, 2)  # warm-up: lazy init, allocator
@@ -73,6 +109,9 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: dict) -> None:
                 dist.barrier()
                 samples[variant].append(
                     _run_variant(variant, model, optimizer, x, args.steps, run_dir))
+        if rank == 0:
+            out["per_call"] = _per_call_cost(model, optimizer, os.path.join(tmp, "calls"))
+            out["rows_per_unit_micro"] = _rows_per_unit_micro(tmp, args)
     if rank == 0:
         out.update(samples)
     dist.destroy_process_group()
@@ -84,14 +123,19 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per sample")
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--ranks", type=int, default=1,
+                        help="1 keeps gloo's all-gathers (noise on shared CPUs) out of the "
+                             "figure; the wrappers run the same either way")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.units, args.steps, args.reps = 9, 2, 3
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_worker, args=(free_port(), args, out), nprocs=2, join=True)
+        mp.spawn(_worker, args=(free_port(), args, out), nprocs=args.ranks, join=True)
         samples = dict(out)
+    calls = samples.pop("per_call")
+    calls_per = samples.pop("rows_per_unit_micro")
     per = args.units * MICRO_STEPS
     base = min_median(samples["off"])
     rows = []
@@ -103,7 +147,13 @@ def main() -> int:
                 ["variant", "step ms (min)", "step ms (median)", "µs/unit/micro (min)",
                  "µs/unit/micro (median)"], rows)
     lo = (min_median(samples["recorder+provenance"])[0] - min_median(samples["recorder"])[0])
-    print(f"\nprovenance alone: {lo / per * 1e6:.2f} µs per unit per micro-step (min)")
+    print(f"\nprovenance alone, from step times: {lo / per * 1e6:.2f} µs per unit per "
+          "micro-step (min; noisy on shared CPUs)")
+    plain, wrapped = calls
+    extra = (wrapped - plain) * calls_per
+    print(f"provenance per call: {(wrapped - plain) * 1e6:.2f} µs (plain unshard "
+          f"{plain * 1e6:.2f} µs); {calls_per:.1f} recorded calls per unit per micro-step "
+          f"-> {extra * 1e6:.2f} µs per unit per micro-step")
     return 0
 
 
