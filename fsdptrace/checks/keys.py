@@ -26,7 +26,7 @@ def _codes_in(values: pd.Series, categories: pd.Index) -> np.ndarray:
     if isinstance(values.dtype, pd.CategoricalDtype):
         mapping = np.append(categories.get_indexer(values.cat.categories), -1)
         return mapping[values.cat.codes.to_numpy()].astype(np.int64) + 1
-    return categories.get_indexer(values.to_numpy()).astype(np.int64) + 1
+    return categories.get_indexer(pd.Index(values.to_numpy())).astype(np.int64) + 1
 
 
 def _is_plain_int(values: pd.Series) -> bool:
