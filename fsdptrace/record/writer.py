@@ -102,15 +102,18 @@ class ChunkWriter:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
-        self.flush()
+        # The last flush keeps every row: dropping here would lose the newest ones, which
+        # are the close and 'dropped' markers that say what is missing.
+        self.flush(drop=False)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()
-            self.flush()
+            if not self._stop.is_set():  # close() flushes last, without dropping
+                self.flush()
 
-    def flush(self) -> None:
+    def flush(self, *, drop: bool = True) -> None:
         """Write every buffered row; on failure, report once and stop writing."""
         with self._flush_lock:
             if self.failed:
@@ -118,7 +121,8 @@ class ChunkWriter:
                 return
             try:
                 for buffer in list(self.buffers.values()):
-                    self._drop_excess_of(buffer)
+                    if drop:
+                        self._drop_excess_of(buffer)
                     self._write_buffer(buffer)
             except BaseException as error:  # never let the writer thread die silently
                 self.failed = True
