@@ -25,7 +25,8 @@ def per_rank(trace: Trace) -> pd.DataFrame:
     stats["span_s"] = (stats["last_ns"] - stats["first_ns"]) / 1e9
     out = ranks.merge(stats.drop(columns=["first_ns", "last_ns"]).reset_index(), on="rank",
                       how="left")
-    out["ended"] = out["rank"].map(_endings(trace)).fillna("no close (stalled or running)")
+    endings = _endings(trace)
+    out["ended"] = [endings.get(int(r), "no close (stalled or running)") for r in out["rank"]]
     meta = trace.meta.assign(rank=trace.meta["rank"].astype("int64"))
     meta = meta.drop_duplicates("rank", keep="last")[["rank", "host", "pid", "backend",
                                                       "fsdptrace_version"]]
@@ -40,7 +41,7 @@ def _endings(trace: Trace) -> dict[int, str]:
     ends = ends.sort_values("seq").drop_duplicates("rank", keep="last")
     text = ends["kind"].astype(str).map({schema.MARKER_CLOSE: "clean close",
                                          schema.MARKER_CRASH: "crashed"})
-    return dict(zip(ends["rank"].astype(int), text))
+    return dict(zip(ends["rank"].astype(int), text, strict=True))
 
 
 def overview(trace: Trace) -> dict[str, object]:

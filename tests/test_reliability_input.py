@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
+from fsdptrace_cli.main import cli
 
 import fsdptrace
 from fsdptrace import schema
-from fsdptrace_cli.main import cli
 
 pytestmark = pytest.mark.slow
 

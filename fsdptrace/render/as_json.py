@@ -20,7 +20,7 @@ def _value(value: Any) -> Any:
 
 def document(findings: pd.DataFrame, *, run_dir: str, ranks: list[int], world_size: int,
              summary: dict[str, Any]) -> dict[str, Any]:
-    rows = [{c: _value(v) for c, v in zip(COLUMNS, values)}
+    rows = [{c: _value(v) for c, v in zip(COLUMNS, values, strict=True)}
             for values in findings[COLUMNS].itertuples(index=False, name=None)]
     return {"run_dir": run_dir, "ranks": ranks, "world_size": world_size, "findings": rows,
             "summary": summary}
