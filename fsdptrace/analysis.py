@@ -23,6 +23,7 @@ from fsdptrace.checks import (
     findings,
     order_instability,
     pending_all_gather,
+    positions,
     prefetch_config_divergence,
     prefetch_order,
     rank_divergence,
@@ -31,14 +32,9 @@ from fsdptrace.checks import (
     stalled_rank,
     wasted_prefetch,
 )
-from fsdptrace.checks.order import (
-    drop_cut_off,
-    first_positions,
-    signatures,
-    unit_sets,
-    with_positions,
-)
-from fsdptrace.trace import Trace, check_meta, load, read_frame
+from fsdptrace.checks.order import drop_cut_off, unit_sets, with_positions
+from fsdptrace.checks.tables import RankTables
+from fsdptrace.trace import TABLE_NAMES, Trace, check_meta, read_frame, to_frame
 
 
 @dataclass
@@ -55,26 +51,30 @@ class RankSummary:
     ranks: list[int]
 
 
-def per_rank_findings(trace: Trace, names: Iterable[str]) -> pd.DataFrame:
+def per_rank_findings(source: Trace | RankTables, names: Iterable[str]) -> pd.DataFrame:
     """Checks 1, 2, 3, 7, 8 and 9 on the tables of one or more ranks (also the live path)."""
-    return _per_rank_findings(trace, set(names), complete_orders(trace), None)
+    tables = source if isinstance(source, RankTables) else RankTables.from_trace(source)
+    return _per_rank_findings(tables, set(names), None)
 
 
-def _per_rank_findings(trace: Trace, names: set[str], complete: pd.DataFrame,
-                       sigs: pd.DataFrame | None) -> pd.DataFrame:
+def _per_rank_findings(tables: RankTables, names: set[str], sigs: pd.DataFrame | None
+                       ) -> pd.DataFrame:
     out = []
     if prefetch_order.NAME in names:
-        out.append(prefetch_order.check_positioned(first_positions(complete), trace.prefetch))
+        out.append(prefetch_order.check_tables(tables))
     if bypassed_unit.NAME in names:
-        out.append(bypassed_unit.check(trace.events, trace.units, trace.gradients))
-    if pending_all_gather.NAME in names:
-        out.append(pending_all_gather.check(trace.pending, trace.allgathers))
+        out.append(bypassed_unit.check_tables(tables))
+    if pending_all_gather.NAME in names and tables.sizes["pending"]:
+        out.append(pending_all_gather.check(tables.frame("pending"), tables.frame("allgathers")))
     if order_instability.NAME in names:
-        out.append(order_instability.check_positioned(complete, sigs))
-    if wasted_prefetch.NAME in names:
-        out.append(wasted_prefetch.check(trace.allgathers, trace.events))
-    if redundant_prefetch.NAME in names:
-        out.append(redundant_prefetch.check(trace.allgathers, trace.events))
+        out.append(order_instability.check_tables(tables, sigs))
+    # Provenance checks need the whole event frame, but only when all-gathers were recorded.
+    if tables.sizes["allgathers"]:
+        allgathers, events = tables.frame("allgathers"), tables.frame("events")
+        if wasted_prefetch.NAME in names:
+            out.append(wasted_prefetch.check(allgathers, events))
+        if redundant_prefetch.NAME in names:
+            out.append(redundant_prefetch.check(allgathers, events))
     return findings.combine(out)
 
 
@@ -85,20 +85,24 @@ def complete_orders(trace: Trace) -> pd.DataFrame:
 
 def map_trace(trace: Trace, names: Iterable[str]) -> RankSummary:
     """The map step: per-rank findings plus the summaries the reduce step compares."""
-    markers = trace.markers
+    return map_tables(RankTables.from_trace(trace), names, ranks=trace.ranks)
+
+
+def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) -> RankSummary:
+    """``map_trace`` on code columns (a run dir's rank is read straight from Arrow)."""
+    markers = tables.frame("markers")
     ends = markers[markers["kind"].isin([schema.MARKER_CLOSE, schema.MARKER_CRASH])]
-    # Positions and signatures are computed once, shared by checks 1 and 7 and the reduce.
-    complete = complete_orders(trace)
-    sigs = signatures(complete)
+    # Signatures are computed once, shared by check 7 and the reduce.
+    sigs = positions.signatures(tables.complete, tables.vocab.names)
     return RankSummary(
-        findings=_per_rank_findings(trace, set(names), complete, sigs),
+        findings=_per_rank_findings(tables, set(names), sigs),
         signatures=sigs,
-        config_signatures=prefetch_config_divergence.config_signatures(trace.prefetch),
-        unit_sets=unit_sets(trace.units),
-        last=stalled_rank.last_positions(trace.events),
+        config_signatures=prefetch_config_divergence.config_signatures(tables.frame("prefetch")),
+        unit_sets=unit_sets(tables.frame("units")),
+        last=positions.last_positions(tables.events),
         ends=ends,
-        meta=trace.meta,
-        ranks=trace.ranks,
+        meta=tables.frame("meta"),
+        ranks=ranks,
     )
 
 
@@ -137,8 +141,15 @@ def _concat_field(summaries: list[RankSummary], name: str) -> pd.DataFrame:
 
 
 def map_rank(run_dir: Path, rank: int, names: list[str]) -> RankSummary:
-    """The map step for one rank of a run dir (what each process or Dask worker runs)."""
-    return map_trace(load(run_dir, ranks=[rank]), names)
+    """The map step for one rank of a run dir (what each process or Dask worker runs).
+
+    Reads Arrow tables and hands their columns to the checks: no pandas copy of the events.
+    """
+    arrow = {t: reader.read_rank(run_dir, t, rank) for t in TABLE_NAMES}
+    tables = RankTables.from_arrow(arrow, lambda t: to_frame(arrow[t]))
+    check_meta(tables.frame("meta"), run_dir)
+    present = any(arrow[t].num_rows for t in ("meta", "units", "events", "markers"))
+    return map_tables(tables, names, ranks=[rank] if present else [])
 
 
 def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None = None, *,

@@ -132,7 +132,8 @@ class Trace:
         return f"<b>fsdptrace.Trace</b><table>{rows}</table>"
 
 
-def _to_pandas(data: pa.Table) -> pd.DataFrame:
+def to_frame(data: pa.Table) -> pd.DataFrame:
+    """One Arrow table as ``load`` holds it (categoricals for dictionaries, int32 ranks)."""
     frame = data.to_pandas()
     if "rank" in frame:
         frame["rank"] = frame["rank"].astype("int32")
@@ -141,7 +142,7 @@ def _to_pandas(data: pa.Table) -> pd.DataFrame:
 
 def read_frame(run_dir: Path, table: str, ranks: Iterable[int]) -> pd.DataFrame:
     """One table of some ranks, as ``load`` would hold it (the reduce step needs no more)."""
-    return _to_pandas(reader.read_ranks(run_dir, table, ranks))
+    return to_frame(reader.read_ranks(run_dir, table, ranks))
 
 
 def load(run_dir: str | os.PathLike[str], *, ranks: Iterable[int] | None = None) -> Trace:

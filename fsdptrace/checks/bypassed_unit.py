@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
 import pandas as pd
 
 from fsdptrace import schema
 from fsdptrace.checks import findings, keys
+from fsdptrace.checks.columns import fold
+
+if TYPE_CHECKING:
+    from fsdptrace.checks.tables import RankTables
 
 NAME = "bypassed-unit"
 SEVERITY = findings.ERROR
@@ -21,6 +28,38 @@ def check(events: pd.DataFrame, units: pd.DataFrame, gradients: pd.DataFrame) ->
                          ["rank", "step", "unit"]]
     bypassed = with_grad[~keys.isin(with_grad, roots, ["rank", "unit"])
                          & ~keys.isin(with_grad, forward, ["rank", "step", "unit"])]
+    return _report(bypassed)
+
+
+def check_tables(tables: RankTables) -> pd.DataFrame:
+    """``check`` on code columns: the live and offline path (pandas only for findings)."""
+    grads, units, events = tables.gradients, tables.units, tables.events
+    if not len(grads):
+        return findings.empty()
+    with_grad = _flag(grads["has_grad"])
+    roots = _flag(units["is_root"]) if len(units) else np.zeros(0, dtype=bool)
+    forward = events["phase"] == tables.forward
+    grad_unit, root_unit = fold([[grads["rank"], units["rank"][roots]],
+                                 [grads["unit"], units["unit"][roots]]])
+    grad_step, ran = fold([[grads["rank"], events["rank"][forward]],
+                           [grads["step"], events["step"][forward]],
+                           [grads["unit"], events["unit"][forward]]])
+    bypassed = (with_grad & ~np.isin(grad_unit, root_unit)
+                & ~np.isin(grad_step, pd.unique(ran)))
+    if not bypassed.any():
+        return findings.empty()
+    return _report(grads.frame(np.flatnonzero(bypassed)))
+
+
+def _flag(values: np.ndarray) -> np.ndarray:
+    """A nullable boolean column as a mask (missing counts as False)."""
+    if values.dtype == bool:
+        return values
+    return pd.Series(values).fillna(False).to_numpy(bool)
+
+
+def _report(bypassed: pd.DataFrame) -> pd.DataFrame:
+    """One finding per (rank, step, unit), naming the parameters that hold gradients."""
     if not len(bypassed):
         return findings.empty()
     bypassed = bypassed.assign(rank=bypassed["rank"].astype("int64"),

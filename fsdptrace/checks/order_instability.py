@@ -5,11 +5,18 @@ Prefetch wired from one iteration's order will not hold for the others.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
 import pandas as pd
 
 from fsdptrace import schema
 from fsdptrace.checks import findings, keys
+from fsdptrace.checks.columns import fold
 from fsdptrace.checks.order import GROUP, drop_cut_off, first_difference, signatures, with_positions
+
+if TYPE_CHECKING:
+    from fsdptrace.checks.tables import RankTables
 
 NAME = "order-instability"
 SEVERITY = findings.WARNING
@@ -18,6 +25,40 @@ SEVERITY = findings.WARNING
 def check(events: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
     """Each rank's forward orders against its first recorded micro-step."""
     return check_positioned(with_positions(drop_cut_off(events, markers)))
+
+
+def check_tables(tables: RankTables, sigs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``check`` on code columns: signatures decide; only changed orders are rebuilt."""
+    from fsdptrace.checks.positions import signatures
+
+    pos = tables.complete
+    if sigs is None:
+        sigs = signatures(pos, tables.vocab.names)
+    forward = sigs[sigs["phase"] == schema.FORWARD] if len(sigs) else sigs
+    wanted = _changed(forward) if len(forward) else forward
+    if not len(wanted):
+        return findings.empty()
+    (have, want) = fold([[pos.column(c), wanted[c].to_numpy()]
+                         for c in ("rank", "step", "micro_step")])
+    mask = np.isin(have, want) & (pos.column("phase") == tables.forward)
+    return check_positioned(pos.frame(mask), sigs)
+
+
+def _changed(sigs: pd.DataFrame) -> pd.DataFrame:
+    """Forward orders that differ from their rank's first, and those first ones (rank, step,
+    micro_step): the only orders the unit-by-unit comparison needs."""
+    sigs = sigs.sort_values(["rank", "step", "micro_step"], kind="stable")
+    rank = sigs["rank"].to_numpy()
+    signature = sigs["signature"].to_numpy()
+    starts = np.r_[True, rank[1:] != rank[:-1]]
+    first = np.maximum.accumulate(np.where(starts, np.arange(len(rank)), 0))
+    changed = signature != signature[first]
+    if not changed.any():
+        return sigs.iloc[:0]
+    keep = np.zeros(len(rank), dtype=bool)
+    keep[changed] = True
+    keep[first[changed]] = True
+    return sigs[keep]
 
 
 def check_positioned(positioned: pd.DataFrame, sigs: pd.DataFrame | None = None

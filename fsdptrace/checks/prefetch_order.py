@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from fsdptrace.checks import findings, keys
+from fsdptrace.checks.columns import fold
 from fsdptrace.checks.order import GROUP, drop_cut_off, first_positions, with_positions
+
+if TYPE_CHECKING:
+    from fsdptrace.checks.tables import RankTables
 
 NAME = "prefetch-order"
 SEVERITY = findings.ERROR
@@ -74,6 +80,60 @@ def check_positioned(positioned: pd.DataFrame, prefetch: pd.DataFrame) -> pd.Dat
                        phase=rows["phase"].astype(str), target=rows["target"].astype(str))
     is_missing = missing[flagged]
     return findings.combine([_missing(rows[is_missing]), _early(rows[~is_missing])])
+
+
+def check_tables(tables: RankTables) -> pd.DataFrame:
+    """``check`` on code columns: the live and offline path (pandas only for findings)."""
+    prefetch = tables.prefetch
+    has_target = prefetch["target"] >= 0 if len(prefetch) else np.zeros(0, dtype=bool)
+    pos = tables.complete
+    if not len(pos.rows) or not has_target.any():
+        return findings.empty()
+    sources = pos.rows[pos.first]
+    source, edge = _pairs(tables, sources, has_target)
+    group, position = pos.group[pos.first], pos.position[pos.first]
+    target = prefetch["target"][has_target][edge]
+    have, want = fold([[group, group[source]], [tables.events["unit"][sources], target]])
+    found = pd.Index(have).get_indexer(want)
+    target_position = np.where(found >= 0, position[np.maximum(found, 0)], -1)
+    missing = found < 0
+    flagged = missing | (target_position <= position[source])
+    if not flagged.any():
+        return findings.empty()
+    rows = tables.events.frame(sources[source[flagged]])[GROUP + ["unit"]].assign(
+        position=position[source[flagged]], target=tables.vocab.decode(target[flagged]),
+        target_position=target_position[flagged])
+    rows = rows.assign(rank=rows["rank"].astype("int64"), unit=rows["unit"].astype(str),
+                       phase=rows["phase"].astype(str), target=rows["target"].astype(str))
+    is_missing = missing[flagged]
+    return findings.combine([_missing(rows[is_missing]), _early(rows[~is_missing])])
+
+
+def _pairs(tables: RankTables, sources: np.ndarray, has_target: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """(source, edge) index pairs: each executed source with its configured edges then.
+
+    An order uses the latest snapshot taken at or before its (step, micro_step) on its rank.
+    """
+    events, prefetch = tables.events, tables.prefetch
+    snap_key, source_key = fold([
+        [prefetch["rank"], events["rank"][sources]],
+        [prefetch["step"] * _KEY_SCALE + prefetch["micro_step"],
+         events["step"][sources] * _KEY_SCALE + events["micro_step"][sources]]])
+    snaps, first = np.unique(snap_key, return_index=True)
+    found = np.searchsorted(snaps, source_key, side="right") - 1
+    same_rank = prefetch["rank"][first][np.maximum(found, 0)] == events["rank"][sources]
+    source_snap = np.where((found >= 0) & same_rank, found, -1)
+    edge_snap = np.searchsorted(snaps, snap_key[has_target])
+    edge_key, source_key = fold([
+        [edge_snap, source_snap], [prefetch["phase"][has_target], events["phase"][sources]],
+        [prefetch["unit"][has_target], events["unit"][sources]]])
+    order = np.argsort(edge_key, kind="stable")
+    lo = np.searchsorted(edge_key[order], source_key, side="left")
+    counts = np.searchsorted(edge_key[order], source_key, side="right") - lo
+    source = np.repeat(np.arange(len(sources)), counts)
+    within = np.arange(len(source)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return source, order[np.repeat(lo, counts) + within]
 
 
 def _missing(rows: pd.DataFrame) -> pd.DataFrame:

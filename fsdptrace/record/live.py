@@ -17,6 +17,7 @@ from fsdptrace.record import snapshots
 if TYPE_CHECKING:
     import pandas as pd
 
+    from fsdptrace.checks.tables import RankTables
     from fsdptrace.record.recorder import Recorder
     from fsdptrace.trace import Trace
 
@@ -51,7 +52,47 @@ def step_findings(rec: Recorder) -> pd.DataFrame:
     from fsdptrace.analysis import per_rank_findings
     from fsdptrace.checks import LIVE_CHECKS
 
-    return per_rank_findings(step_trace(rec), LIVE_CHECKS)
+    return per_rank_findings(step_tables(rec), LIVE_CHECKS)
+
+
+def step_tables(rec: Recorder) -> RankTables:
+    """This rank's current step as code columns, straight from the recorder's tuples.
+
+    The checks read these before every optimizer step, so nothing here builds a DataFrame:
+    a clean step costs numpy work on a few hundred rows. The pandas ``step_trace`` is built
+    only if a check has findings to spell out from a whole table.
+    """
+    import numpy as np
+
+    from fsdptrace.checks.columns import Columns, Vocab
+    from fsdptrace.checks.tables import CODED, RankTables
+
+    vocab, rank = Vocab(), rec.rank
+    events = np.array(rec.live_events or [], dtype=np.int64).reshape(-1, 6)
+    unit_map = vocab.codes(list(rec.unit_names))
+    phase_map = vocab.codes(list(schema.PHASES))
+    event_columns = Columns({
+        "rank": np.full(len(events), rank, dtype=np.int64), "seq": events[:, 0],
+        "t_ns": events[:, 1], "step": events[:, 2], "micro_step": events[:, 3],
+        "phase": phase_map[events[:, 4]], "unit": unit_map[events[:, 5]],
+    }, {"phase", "unit"}, vocab, len(events))
+    units = [(u.name, bool(u.is_root)) for u in rec.units]
+    trace: list[Trace] = []
+
+    def frame(table: str) -> pd.DataFrame:
+        if not trace:
+            trace.append(step_trace(rec))
+        return getattr(trace[0], table)
+
+    return RankTables(
+        vocab=vocab, events=event_columns,
+        prefetch=Columns.from_rows(_prefetch_rows(rec), schema.PREFETCH.names, vocab,
+                                   CODED["prefetch"], rank),
+        gradients=Columns.from_rows(rec.boundary_gradients, schema.GRADIENTS.names, vocab,
+                                    CODED["gradients"], rank),
+        units=Columns.from_rows(units, ["unit", "is_root"], vocab, ["unit"], rank),
+        closed={rank}, frames=frame,
+        sizes={"pending": len(rec.boundary_pending), "allgathers": 0})
 
 
 def step_trace(rec: Recorder) -> Trace:

@@ -1,0 +1,110 @@
+"""``RankTables``: what the per-rank checks read, as code columns, from any of three sources.
+
+The offline analyzer reads a rank's Parquet with pyarrow, the live option has the recorder's
+tuples, and notebook users hold a pandas ``Trace``; all three become the same columns, so one
+set of check functions serves them. Tables that only a finding needs in full (pending
+all-gathers, provenance) stay behind ``frame``, built on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from fsdptrace import schema
+from fsdptrace.checks.columns import Columns, Vocab
+
+if TYPE_CHECKING:
+    from fsdptrace.checks.positions import Positions
+    from fsdptrace.trace import Trace
+
+# Columns that name things (dictionary-encoded on disk): these become vocab codes.
+CODED = {name: [f.name for f in table if pa.types.is_dictionary(f.type)] + (
+    ["unit"] if name == "units" else [])
+    for name, table in schema.TABLES.items()}
+
+
+@dataclass
+class RankTables:
+    """One or more ranks' tables for the per-rank checks (events, edges, gradients as codes)."""
+
+    vocab: Vocab
+    events: Columns
+    prefetch: Columns
+    gradients: Columns
+    units: Columns
+    closed: set[int]
+    sizes: dict[str, int]
+    frames: Callable[[str], pd.DataFrame]
+    _cache: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+    def frame(self, table: str) -> pd.DataFrame:
+        """A table as ``load`` holds it, for the rare path that builds findings from it."""
+        if table not in self._cache:
+            self._cache[table] = self.frames(table)
+        return self._cache[table]
+
+    def code(self, name: str) -> int:
+        return self.vocab.code(name)
+
+    @cached_property
+    def complete(self) -> Positions:
+        """Positions of complete orders (stalled ranks' cut-off tails dropped): checks 1, 4, 7."""
+        from fsdptrace.checks.positions import complete_positions
+
+        return complete_positions(self)
+
+    @cached_property
+    def forward(self) -> int:
+        return self.vocab.code(schema.FORWARD)
+
+    @classmethod
+    def from_trace(cls, trace: Trace) -> RankTables:
+        """A pandas ``Trace`` (``fsdptrace.load`` or hand-built) as code columns."""
+        vocab = Vocab()
+
+        def cols(table: str) -> Columns:
+            frame = getattr(trace, table)
+            return Columns.from_frame(frame, vocab, CODED[table] if len(frame) else [])
+
+        markers = trace.markers
+        return cls(vocab=vocab, events=_events(cols("events")), prefetch=cols("prefetch"),
+                   gradients=cols("gradients"), units=cols("units"),
+                   closed=_closed(markers), frames=lambda t: getattr(trace, t),
+                   sizes={t: len(getattr(trace, t)) for t in ("pending", "allgathers")})
+
+    @classmethod
+    def from_arrow(cls, tables: dict[str, pa.Table],
+                   frames: Callable[[str], pd.DataFrame]) -> RankTables:
+        """Tables read by ``reader.read_rank``; ``frames`` converts one to pandas when asked."""
+        vocab = Vocab()
+        markers = tables["markers"]
+        kinds = markers.column("kind").to_pylist() if markers.num_rows else []
+        ranks = markers.column("rank").to_pylist() if markers.num_rows else []
+        closed = {int(r) for r, k in zip(ranks, kinds, strict=True) if k == schema.MARKER_CLOSE}
+        return cls(vocab=vocab, events=_events(Columns.from_arrow(tables["events"], vocab)),
+                   prefetch=Columns.from_arrow(tables["prefetch"], vocab),
+                   gradients=Columns.from_arrow(tables["gradients"], vocab),
+                   units=Columns.from_arrow(tables["units"], vocab, ["unit"]), closed=closed,
+                   frames=frames,
+                   sizes={t: tables[t].num_rows for t in ("pending", "allgathers")})
+
+
+def _events(events: Columns) -> Columns:
+    """Events need their key columns even when empty (a hand-built Trace may lack them)."""
+    for name in ("rank", "seq", "step", "micro_step", "phase", "unit", "t_ns"):
+        if name not in events.data:
+            events.data[name] = np.zeros(0, dtype=np.int64)
+    return events
+
+
+def _closed(markers: pd.DataFrame) -> set[int]:
+    if not len(markers):
+        return set()
+    return {int(r) for r in markers.loc[markers["kind"] == schema.MARKER_CLOSE, "rank"]}
