@@ -184,3 +184,30 @@ def _compress(keys: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
     bounds = np.cumsum([0] + [len(k) for k in keys])
     return [codes[a:b].astype(np.int64) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], \
         len(uniques)
+
+
+def _dense(keys: np.ndarray, *others: np.ndarray) -> int:
+    """A dense table's size for these non-negative keys, or 0 when it would be too sparse."""
+    bound = max((int(k.max()) + 1 for k in (keys, *others) if len(k)), default=0)
+    return bound if bound <= 4 * len(keys) + 4096 else 0
+
+
+def first_mask(key: np.ndarray) -> np.ndarray:
+    """Mask of each key's first row (``~duplicated``): a dense table when keys are compact."""
+    size = _dense(key)
+    if not size:
+        return ~pd.Index(key).duplicated()
+    index = np.arange(len(key), dtype=np.int64)
+    first = np.full(size, len(key), dtype=np.int64)
+    np.minimum.at(first, key, index)
+    return first[key] == index
+
+
+def lookup(have: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Row of ``have`` (unique keys) holding each ``want`` key, or -1."""
+    size = _dense(have, want)
+    if not size:
+        return pd.Index(have).get_indexer(want)
+    table = np.full(size, -1, dtype=np.int64)
+    table[have] = np.arange(len(have), dtype=np.int64)
+    return table[want]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace.checks.columns import Columns, fold
+from fsdptrace.checks.columns import Columns, first_mask, fold
 from fsdptrace.checks.order import GROUP
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class Positions:
     def first(self) -> np.ndarray:
         """Mask of each unit's first row in its order (a unit's position is its first)."""
         (key,) = fold([[self.group], [self.column("unit")]])
-        return ~pd.Index(key).duplicated()
+        return first_mask(key)
 
     def frame(self, mask: np.ndarray | None = None) -> pd.DataFrame:
         """Positioned events as ``order.with_positions`` returns them (for findings only)."""
@@ -53,35 +53,42 @@ def complete_positions(tables: RankTables) -> Positions:
     """Drop stalled ranks' last micro-step (cut off, not run that way), then position."""
     events = tables.events
     rank, step, micro = events["rank"], events["step"], events["micro_step"]
-    keep = np.ones(len(events), dtype=bool)
-    stalled = set(np.unique(rank).tolist()) - tables.closed
-    for r in stalled:  # a handful of ranks at most
-        mine = rank == r
+    stalled = set(pd.unique(rank).tolist()) - tables.closed
+    if stalled:
+        keep = np.ones(len(events), dtype=bool)
         key = step * 1_000_000 + micro
-        keep &= ~(mine & (key == key[mine].max()))
-    rows = np.flatnonzero(keep)
-    seq = events["seq"][rows]
-    ranks = rank[rows]
+        for r in stalled:  # a handful of ranks at most
+            mine = rank == r
+            keep &= ~(mine & (key == key[mine].max()))
+        rows = np.flatnonzero(keep)
+    else:
+        rows = np.arange(len(events))
+    seq, ranks = events["seq"][rows], rank[rows]
     if len(rows) > 1 and not bool(((ranks[1:] > ranks[:-1])
                                    | ((ranks[1:] == ranks[:-1]) & (seq[1:] > seq[:-1]))).all()):
         rows = rows[np.lexsort((seq, ranks))]
     (key,) = fold([[events[c][rows]] for c in GROUP])
-    group = pd.factorize(key)[0].astype(np.int64)
-    return Positions(events, rows, group, _cumcount(group))
+    group, position = _group_positions(key)
+    return Positions(events, rows, group, position)
 
 
-def _cumcount(group: np.ndarray) -> np.ndarray:
-    """Rank of each row within its group; one pass when every group is one contiguous run."""
-    n = len(group)
+def _group_positions(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense group ids and each row's rank within its group.
+
+    An order is normally one contiguous run of rows: then the run is the group and one pass
+    does; otherwise (interleaved orders) fall back to hashing and a stable sort.
+    """
+    n = len(key)
     starts = np.ones(n, dtype=bool)
-    starts[1:] = group[1:] != group[:-1]
-    if n == 0 or int(starts.sum()) == int(group.max()) + 1:
-        index = np.arange(n, dtype=np.int64)
-        return index - np.maximum.accumulate(np.where(starts, index, 0))
+    starts[1:] = key[1:] != key[:-1]
+    run_starts = np.flatnonzero(starts)
+    index = np.arange(n, dtype=np.int64)
+    if len(pd.unique(key[run_starts])) == len(run_starts):
+        run = np.cumsum(starts) - 1
+        return run, index - run_starts[run]
+    group = pd.factorize(key)[0].astype(np.int64)
     order = np.argsort(group, kind="stable")
-    out = np.empty(n, dtype=np.int64)
-    out[order] = _cumcount(group[order])
-    return out
+    return group, _group_positions(group[order])[1][np.argsort(order)]
 
 
 def signatures(positions: Positions, vocab_names: list[str]) -> pd.DataFrame:
@@ -93,15 +100,19 @@ def signatures(positions: Positions, vocab_names: list[str]) -> pd.DataFrame:
     unit = positions.column("unit")
     unit_hash = per_name[np.where(unit < 0, len(vocab_names), unit)]
     mixed = pd.util.hash_array(unit_hash ^ (positions.position.astype(np.uint64) * _MIX))
-    (key,) = fold([[positions.column(c)] for c in GROUP])
-    codes, uniques = pd.factorize(key, sort=True)
-    order = np.argsort(codes, kind="stable")
-    starts = np.flatnonzero(np.r_[True, codes[order][1:] != codes[order][:-1]])
+    group = positions.group
+    order = np.argsort(group, kind="stable")
+    starts = np.flatnonzero(np.r_[True, group[order][1:] != group[order][:-1]])
     sums = np.add.reduceat(mixed.astype(np.uint64)[order], starts)
+    counts = np.diff(np.r_[starts, len(group)])
     first = order[starts]
+    # Rows sorted like (rank, step, micro_step, phase) keys, whatever order groups ran in.
+    (key,) = fold([[positions.column(c)[first]] for c in GROUP])
+    by_key = np.argsort(key, kind="stable")
+    sums, counts, first = sums[by_key], counts[by_key], first[by_key]
     out = positions.events.frame(positions.rows[first])[GROUP]
     out["signature"] = sums.astype(np.uint64)
-    out["length"] = np.diff(np.r_[starts, len(codes)]).astype(np.int64)
+    out["length"] = counts.astype(np.int64)
     return out
 
 
@@ -110,13 +121,19 @@ def last_positions(events: Columns) -> pd.DataFrame:
     if not len(events):
         return pd.DataFrame(columns=GROUP + ["unit", "position", "t_ns"])
     rank, seq = events["rank"], events["seq"]
-    ranks = np.unique(rank)
-    last = np.array([np.flatnonzero(rank == r)[np.argmax(seq[rank == r])] for r in ranks])
-    (key, last_key) = fold([[events[c], events[c][last]] for c in GROUP])
-    counts = np.array([int((key == k).sum()) for k in last_key])
-    out = events.frame(last)[GROUP + ["unit", "t_ns"]]
+    last, counts = [], []
+    for r in sorted(pd.unique(rank).tolist()):  # one rank per map step, a few in a Trace
+        mine = np.flatnonzero(rank == r)
+        row = int(mine[np.argmax(seq[mine])])
+        same = np.ones(len(mine), dtype=bool)
+        for column in GROUP[1:]:
+            same &= events[column][mine] == events[column][row]
+        last.append(row)
+        counts.append(int(same.sum()))
+    counts_array = np.array(counts, dtype=np.int64)
+    out = events.frame(np.array(last, dtype=np.int64))[GROUP + ["unit", "t_ns"]]
     out["rank"] = out["rank"].astype("int64")
     out["phase"] = out["phase"].astype(str)
     out["unit"] = out["unit"].astype(str)
-    out["position"] = counts - 1
+    out["position"] = counts_array - 1
     return out[GROUP + ["unit", "position", "t_ns"]].reset_index(drop=True)

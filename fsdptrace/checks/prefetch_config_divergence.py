@@ -79,7 +79,8 @@ def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, prefetch: pd.DataFr
     """Compare the snapshots ranks recorded at the same (step, micro_step)."""
     if not len(signatures):
         return findings.empty()
-    sigs = effective(signatures).merge(unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
+    sigs = effective(signatures).merge(
+        unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
     slot = ["unit_set", "step", "micro_step"]
     sigs["num_ranks"] = sigs.groupby(slot)["rank"].transform("size")
     sigs = sigs[sigs["num_ranks"] >= 2]

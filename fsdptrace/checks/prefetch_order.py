@@ -8,10 +8,11 @@ import numpy as np
 import pandas as pd
 
 from fsdptrace.checks import findings, keys
-from fsdptrace.checks.columns import fold
+from fsdptrace.checks.columns import fold, lookup
 from fsdptrace.checks.order import GROUP, drop_cut_off, first_positions, with_positions
 
 if TYPE_CHECKING:
+    from fsdptrace.checks.positions import Positions
     from fsdptrace.checks.tables import RankTables
 
 NAME = "prefetch-order"
@@ -90,11 +91,11 @@ def check_tables(tables: RankTables) -> pd.DataFrame:
     if not len(pos.rows) or not has_target.any():
         return findings.empty()
     sources = pos.rows[pos.first]
-    source, edge = _pairs(tables, sources, has_target)
     group, position = pos.group[pos.first], pos.position[pos.first]
+    source, edge = _pairs(tables, pos, sources, group, has_target)
     target = prefetch["target"][has_target][edge]
     have, want = fold([[group, group[source]], [tables.events["unit"][sources], target]])
-    found = pd.Index(have).get_indexer(want)
+    found = lookup(have, want)
     target_position = np.where(found >= 0, position[np.maximum(found, 0)], -1)
     missing = found < 0
     flagged = missing | (target_position <= position[source])
@@ -109,25 +110,28 @@ def check_tables(tables: RankTables) -> pd.DataFrame:
     return findings.combine([_missing(rows[is_missing]), _early(rows[~is_missing])])
 
 
-def _pairs(tables: RankTables, sources: np.ndarray, has_target: np.ndarray
-           ) -> tuple[np.ndarray, np.ndarray]:
+def _pairs(tables: RankTables, pos: Positions, sources: np.ndarray, group: np.ndarray,
+           has_target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(source, edge) index pairs: each executed source with its configured edges then.
 
-    An order uses the latest snapshot taken at or before its (step, micro_step) on its rank.
+    An order uses the latest snapshot taken at or before its (step, micro_step) on its rank;
+    that is looked up once per order, not per source.
     """
     events, prefetch = tables.events, tables.prefetch
-    snap_key, source_key = fold([
-        [prefetch["rank"], events["rank"][sources]],
+    rep = np.zeros(int(pos.group.max()) + 1, dtype=np.int64)
+    rep[pos.group] = pos.rows
+    snap_key, order_key = fold([
+        [prefetch["rank"], events["rank"][rep]],
         [prefetch["step"] * _KEY_SCALE + prefetch["micro_step"],
-         events["step"][sources] * _KEY_SCALE + events["micro_step"][sources]]])
+         events["step"][rep] * _KEY_SCALE + events["micro_step"][rep]]])
     snaps, first = np.unique(snap_key, return_index=True)
-    found = np.searchsorted(snaps, source_key, side="right") - 1
-    same_rank = prefetch["rank"][first][np.maximum(found, 0)] == events["rank"][sources]
-    source_snap = np.where((found >= 0) & same_rank, found, -1)
-    edge_snap = np.searchsorted(snaps, snap_key[has_target])
-    edge_key, source_key = fold([
-        [edge_snap, source_snap], [prefetch["phase"][has_target], events["phase"][sources]],
-        [prefetch["unit"][has_target], events["unit"][sources]]])
+    found = np.searchsorted(snaps, order_key, side="right") - 1
+    same_rank = prefetch["rank"][first][np.maximum(found, 0)] == events["rank"][rep]
+    order_snap = np.where((found >= 0) & same_rank, found, -1)
+    edge_pass, order_pass = fold([[np.searchsorted(snaps, snap_key[has_target]), order_snap],
+                                  [prefetch["phase"][has_target], events["phase"][rep]]])
+    edge_key, source_key = fold([[edge_pass, order_pass[group]],
+                                 [prefetch["unit"][has_target], events["unit"][sources]]])
     order = np.argsort(edge_key, kind="stable")
     lo = np.searchsorted(edge_key[order], source_key, side="left")
     counts = np.searchsorted(edge_key[order], source_key, side="right") - lo
