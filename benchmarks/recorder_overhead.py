@@ -162,12 +162,12 @@ class HookTimer:
     def wrap_flush(self, writer: Any) -> None:
         original = writer.flush
 
-        def flush() -> None:
+        def flush(**kwargs: Any) -> None:
             self._flush_starts += 1
             self._flushing = True
             t0 = time.perf_counter_ns()
             try:
-                original()
+                original(**kwargs)
             finally:
                 self.flush_ns.append(time.perf_counter_ns() - t0)
                 self._flushing = False
