@@ -16,11 +16,13 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 from torch.utils._pytree import tree_flatten
 
 from fsdptrace import schema
+from fsdptrace.record.writer import int_column
 
 if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder
@@ -29,19 +31,23 @@ _graph_task_id = torch._C._current_graph_task_id
 
 
 def event_columns(unit_names: list[str]) -> Callable[[list[tuple]], dict[str, Any]]:
-    """Events are stored with unit and phase as codes; decode them into dictionary arrays."""
+    """Events are stored with unit and phase as codes; decode them into dictionary arrays.
+
+    Runs on the writer thread while holding the GIL: every column goes through numpy, never
+    a list of Python ints (half the time for the same rows).
+    """
     units = pa.array(unit_names, pa.string())
     phases = pa.array(list(schema.PHASES), pa.string())
 
     def to_columns(rows: list[tuple]) -> dict[str, Any]:
         seq, t_ns, step, micro, phase, unit = zip(*rows, strict=True)
         return {
-            "seq": list(seq),
-            "t_ns": list(t_ns),
-            "step": list(step),
-            "micro_step": list(micro),
-            "phase": pa.DictionaryArray.from_arrays(pa.array(phase, pa.int32()), phases),
-            "unit": pa.DictionaryArray.from_arrays(pa.array(unit, pa.int32()), units),
+            "seq": int_column(seq, np.int64),
+            "t_ns": int_column(t_ns, np.int64),
+            "step": int_column(step, np.int32),
+            "micro_step": int_column(micro, np.int32),
+            "phase": pa.DictionaryArray.from_arrays(int_column(phase, np.int32), phases),
+            "unit": pa.DictionaryArray.from_arrays(int_column(unit, np.int32), units),
         }
 
     return to_columns

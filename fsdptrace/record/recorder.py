@@ -26,6 +26,7 @@ from fsdptrace import schema
 from fsdptrace.errors import LifecycleError
 from fsdptrace.record import hooks, snapshots
 from fsdptrace.record.backends.base import Backend, Unit
+from fsdptrace.record.dropped import MARKER_DROPPED_ROWS, DroppedRows
 from fsdptrace.record.steps import parse_steps
 from fsdptrace.record.writer import DEFAULT_FLUSH_INTERVAL_S, ChunkWriter
 from fsdptrace.version import __version__
@@ -73,6 +74,10 @@ class Recorder:
         self._in_eval = False
         self._recording = self.window.contains(0)
         self._last_prefetch: dict[tuple[str, str], tuple[str, ...]] | None = None
+        self._prefetch_key: object = None  # the backend's raw edges at the last snapshot
+        self._num_drop_runs_marked = 0
+        self._drops_marked: dict[str, int] = {}  # table -> runs already marked
+        self._drop_marker_seqs: list[tuple[int, DroppedRows]] = []  # (marker seq, run)
         self.units: list[Unit] = backend.discover_units(self.parts)
         self.unit_names = [u.name for u in self.units]
         self.writer = ChunkWriter(
@@ -130,6 +135,8 @@ class Recorder:
 
                 raise_if_unsafe(self)
         self._mark(schema.MARKER_OPTIMIZER_STEP, 0, "")
+        if self.writer.num_drop_runs != self._num_drop_runs_marked:
+            self._mark_dropped_rows()
         self.step += 1
         self.micro_step = 0
         self._micro_started = False
@@ -162,6 +169,10 @@ class Recorder:
         if self._optimizer_handle is not None:
             self._optimizer_handle.remove()
         hooks.remove_exit_guard(self._exit_guard)
+        # Stop the writer first: a drop after the counts were read would go unmarked.
+        self.writer.stop()
+        self._mark_dropped_rows()
+        self._remark_lost_drop_markers()
         self._mark_dropped()
         if error is None:
             self._mark(schema.MARKER_CLOSE, 0, "")
@@ -221,6 +232,36 @@ class Recorder:
         for name, buffer in self.writer.buffers.items():
             if buffer.num_dropped:
                 self._mark(schema.MARKER_DROPPED, buffer.num_dropped, name)
+
+    def _mark_dropped_rows(self) -> None:
+        """One ``dropped_rows`` marker per run of rows the writer dropped since the last call.
+
+        Written at optimizer boundaries, not only at close, so a job killed later still says
+        which steps are incomplete.
+        """
+        self._num_drop_runs_marked = self.writer.num_drop_runs
+        for name, buffer in list(self.writer.buffers.items()):
+            marked = self._drops_marked.get(name, 0)
+            runs = buffer.drops[marked:]
+            self._drops_marked[name] = marked + len(runs)
+            for run in runs:
+                self._mark_drop_run(run)
+
+    def _mark_drop_run(self, run: DroppedRows) -> None:
+        seq = self.next_seq()
+        self._drop_marker_seqs.append((seq, run))
+        self.markers.append((seq, time.monotonic_ns(), self.step, self.micro_step,
+                             MARKER_DROPPED_ROWS, run.num_rows, run.detail()))
+
+    def _remark_lost_drop_markers(self) -> None:
+        """Write again the ``dropped_rows`` markers that were themselves dropped (at close)."""
+        lost = self.writer.buffers["markers"].drops
+        if not lost:
+            return
+        for seq, run in list(self._drop_marker_seqs):
+            if any(r.first_seq is not None and r.last_seq is not None
+                   and r.first_seq <= seq <= r.last_seq for r in lost):
+                self._mark_drop_run(run)
 
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.before_optimizer_step()

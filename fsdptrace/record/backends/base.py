@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch.nn as nn
 
@@ -31,15 +31,21 @@ class Unit:
     num_param_elements: int = 0
 
 
-@dataclass(frozen=True)
-class GradientPresence:
+class GradientPresence(NamedTuple):
+    """Whether one managed parameter holds a gradient, and where (a boundary row's tail).
+
+    A tuple, not a dataclass: the boundary snapshot builds one per parameter per optimizer
+    step and appends ``(step, micro_step, unit) + presence`` as the stored row.
+    """
+
     param: str
     has_grad: bool
     source: str
 
 
-@dataclass(frozen=True)
-class PendingAllGather:
+class PendingAllGather(NamedTuple):
+    """One all-gather issued and not consumed at the boundary (a ``pending`` row's tail)."""
+
     kind: str
     bucket: str
     state: str

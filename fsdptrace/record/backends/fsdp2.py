@@ -10,6 +10,7 @@ experiments: ``shared/research/fsdp2_internals.md``.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,12 @@ _PREFETCH_ATTR = {
     "forward": "_states_to_forward_prefetch",
     "backward": "_states_to_backward_prefetch",
 }
+_prefetch_lists = operator.attrgetter(*_PREFETCH_ATTR.values())
+
+# (has_grad, grad_source): the four answers ``_grad_source`` can give.
+_SOURCES = _SHARDED, _UNSHARDED, _ACCUMULATED, _NONE = (
+    (True, "sharded"), (True, "unsharded"), (True, "accumulated"), (False, "none"))
+_Answers = dict[tuple[bool, str], GradientPresence]
 
 
 def _fsdp_state(module: Any) -> Any:
@@ -69,6 +76,10 @@ class FSDP2Backend:
 
     def __init__(self) -> None:
         self._name_by_state: dict[int, str] = {}
+        # Per unit index, filled at first use after lazy init: (fsdp_param, answers) and
+        # the parameter groups. FSDP2 builds both once, at fully_shard / lazy init.
+        self._labelled_params: dict[int, list[tuple[Any, _Answers]]] = {}
+        self._groups: dict[int, list[Any]] = {}
 
     def discover_units(self, parts: Sequence[nn.Module]) -> list[Unit]:
         units: list[Unit] = []
@@ -124,27 +135,53 @@ class FSDP2Backend:
             names.append(name)
         return names
 
-    def gradients(self, unit: Unit) -> list[GradientPresence]:
-        rows: list[GradientPresence] = []
-        for group in param_groups(unit.handle):
-            for fsdp_param in getattr(group, "fsdp_params", ()):
-                label = _param_label(fsdp_param, len(rows), unit.param_names)
-                rows.append(GradientPresence(label, *self._grad_source(fsdp_param)))
-        return rows
+    def prefetch_key(self, units: Sequence[Unit]) -> list[tuple[Any, ...]] | None:
+        """Every unit's prefetch target lists, read in one C-level pass (None: not readable).
+
+        Compared with ``==`` against the copy kept by ``freeze_prefetch_key``, it says whether
+        any edge changed without resolving a single name: the setters replace the lists, and
+        an in-place edit changes their contents, both of which the comparison sees.
+        """
+        try:
+            return list(map(_prefetch_lists, [u.handle for u in units]))
+        except AttributeError:  # torch moved the attributes: callers take the slow path
+            return None
 
     @staticmethod
-    def _grad_source(fsdp_param: Any) -> tuple[bool, str]:
-        sharded = getattr(fsdp_param, "sharded_param", None)
-        if getattr(sharded, "grad", None) is not None:
-            return True, "sharded"
-        # A no-sync micro-step keeps the gradient on the unsharded parameter, or in
-        # unsharded_accumulated_grad when the reduce dtype differs.
-        unsharded = fsdp_param.__dict__.get("_unsharded_param")
-        if getattr(unsharded, "grad", None) is not None:
-            return True, "unsharded"
-        if getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None:
-            return True, "accumulated"
-        return False, "none"
+    def freeze_prefetch_key(key: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """A copy of ``key`` that later edits of FSDP's lists cannot change."""
+        return [tuple(list(targets or ()) for targets in lists) for lists in key]
+
+    def gradients(self, unit: Unit) -> list[GradientPresence]:
+        """Gradient presence per managed parameter, at every optimizer step for every unit.
+
+        Labels are resolved once, and each parameter's four possible answers built once:
+        a boundary allocates nothing per parameter but the list.
+        """
+        grad_source = _grad_source
+        return [answers[grad_source(p)] for p, answers in self._params_of(unit)]
+
+    def _params_of(self, unit: Unit) -> list[tuple[Any, _Answers]]:
+        cached = self._labelled_params.get(unit.index)
+        if cached is not None:
+            return cached
+        pairs: list[tuple[Any, _Answers]] = []
+        for group in param_groups(unit.handle):
+            for fsdp_param in getattr(group, "fsdp_params", ()):
+                label = _param_label(fsdp_param, len(pairs), unit.param_names)
+                pairs.append((fsdp_param, {s: GradientPresence(label, *s) for s in _SOURCES}))
+        # Labels come from FSDP's FQNs, set at lazy init; until then they are guesses.
+        if all(getattr(p, "_param_fqn", None) for p, _ in pairs):
+            self._labelled_params[unit.index] = pairs
+        return pairs
+
+    def _groups_of(self, unit: Unit) -> list[Any]:
+        groups = self._groups.get(unit.index)
+        if groups is None:
+            groups = param_groups(unit.handle)
+            if groups:
+                self._groups[unit.index] = groups
+        return groups
 
     def pending_all_gathers(self, unit: Unit) -> list[PendingAllGather]:
         """Issued gathers not yet waited on, and gathered parameters held across the boundary.
@@ -154,7 +191,7 @@ class FSDP2Backend:
         gathered before ``optimizer.step()`` (stale by one update; measured).
         """
         pending = []
-        for index, group in enumerate(param_groups(unit.handle)):
+        for index, group in enumerate(self._groups_of(unit)):
             result = getattr(group, "_all_gather_result", None)
             if result is not None:
                 work = getattr(result, "all_gather_work", None)
@@ -197,6 +234,20 @@ class FSDP2Backend:
         state._pre_forward = pre_forward
         state._post_forward = post_forward
         return InstanceAttributePatch(state, ("_pre_forward", "_post_forward"))
+
+
+def _grad_source(fsdp_param: Any) -> tuple[bool, str]:
+    sharded = getattr(fsdp_param, "sharded_param", None)
+    if getattr(sharded, "grad", None) is not None:
+        return _SHARDED
+    # A no-sync micro-step keeps the gradient on the unsharded parameter, or in
+    # unsharded_accumulated_grad when the reduce dtype differs.
+    unsharded = fsdp_param.__dict__.get("_unsharded_param")
+    if getattr(unsharded, "grad", None) is not None:
+        return _UNSHARDED
+    if getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None:
+        return _ACCUMULATED
+    return _NONE
 
 
 def _states_of(part: nn.Module, *, skip: dict[int, str]
