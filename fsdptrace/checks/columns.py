@@ -165,17 +165,26 @@ def fold(columns: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
     equal keys exactly when all columns are equal. Returns one key array per table.
     """
     num_tables = len(columns[0])
-    keys = [np.zeros(len(a), dtype=np.int64) for a in columns[0]]
+    keys: list[np.ndarray] | None = None
     bound = 1
     for parts in columns:
         present = [p for p in parts if len(p)]
         low = min((int(p.min()) for p in present), default=0)
         size = max((int(p.max()) for p in present), default=0) - low + 1
+        if keys is None:
+            # In place from here on: these arrays are as long as the events.
+            keys = [np.subtract(p, low, dtype=np.int64) for p in parts]
+            bound = size
+            continue
         if bound * size >= _LIMIT:
             keys, bound = _compress(keys)
-        keys = [keys[i] * size + (parts[i].astype(np.int64, copy=False) - low)
-                for i in range(num_tables)]
+        for i in range(num_tables):
+            keys[i] *= size
+            keys[i] += parts[i]
+            if low:
+                keys[i] -= low
         bound *= size
+    assert keys is not None, "fold needs at least one column"
     return keys
 
 

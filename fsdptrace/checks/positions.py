@@ -31,9 +31,10 @@ class Positions:
     rows: np.ndarray
     group: np.ndarray
     position: np.ndarray
+    identity: bool = False  # rows is every event in stored order: columns need no copy
 
     def column(self, name: str) -> np.ndarray:
-        return self.events[name][self.rows]
+        return self.events[name] if self.identity else self.events[name][self.rows]
 
     @cached_property
     def first(self) -> np.ndarray:
@@ -64,12 +65,15 @@ def complete_positions(tables: RankTables) -> Positions:
     else:
         rows = np.arange(len(events))
     seq, ranks = events["seq"][rows], rank[rows]
-    if len(rows) > 1 and not bool(((ranks[1:] > ranks[:-1])
-                                   | ((ranks[1:] == ranks[:-1]) & (seq[1:] > seq[:-1]))).all()):
+    in_order = len(rows) < 2 or bool(((ranks[1:] > ranks[:-1])
+                                      | ((ranks[1:] == ranks[:-1]) & (seq[1:] > seq[:-1]))).all())
+    if not in_order:
         rows = rows[np.lexsort((seq, ranks))]
-    (key,) = fold([[events[c][rows]] for c in GROUP])
-    group, position = _group_positions(key)
-    return Positions(events, rows, group, position)
+    positions = Positions(events, rows, np.zeros(0, np.int64), np.zeros(0, np.int64),
+                          identity=in_order and not stalled)
+    (key,) = fold([[positions.column(c)] for c in GROUP])
+    positions.group, positions.position = _group_positions(key)
+    return positions
 
 
 def _group_positions(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

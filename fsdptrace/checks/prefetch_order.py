@@ -135,6 +135,9 @@ def _pairs(tables: RankTables, pos: Positions, sources: np.ndarray, group: np.nd
     order = np.argsort(edge_key, kind="stable")
     lo = np.searchsorted(edge_key[order], source_key, side="left")
     counts = np.searchsorted(edge_key[order], source_key, side="right") - lo
+    if not len(counts) or counts.max() <= 1:  # the usual case: at most one edge per source
+        source = np.flatnonzero(counts)
+        return source, order[lo[source]]
     source = np.repeat(np.arange(len(sources)), counts)
     within = np.arange(len(source)) - np.repeat(np.cumsum(counts) - counts, counts)
     return source, order[np.repeat(lo, counts) + within]
