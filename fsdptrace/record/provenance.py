@@ -31,12 +31,14 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import torch
 
 from fsdptrace import schema
 from fsdptrace.record.backends.base import InstanceAttributePatch
 from fsdptrace.record.backends.fsdp2 import param_groups
+from fsdptrace.record.writer import int_column
 
 if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder
@@ -126,12 +128,6 @@ class Provenance:
             self.num_bytes[key] = cached
         return cached
 
-    def append(self, t_ns: int, phase: int, unit: int, group_index: int, event: int,
-               issuer: int, issuer_unit: int, num_bytes: int, detail: int) -> None:
-        rec = self.rec
-        self.rows.append((rec.next_seq(), t_ns, rec.step, rec.micro_step, phase, unit,
-                          group_index, event, issuer, issuer_unit, num_bytes, detail))
-
 
 def install(rec: Recorder) -> list[InstanceAttributePatch]:
     """Wrap every parameter group of every unit; returns patches whose ``remove()`` undoes them.
@@ -166,10 +162,16 @@ def _wrap_group(prov: Provenance, unit: int, group_index: int, group: Any
 
 def _wrap_unshard(prov: Provenance, unit: int, group_index: int, group: Any,
                   original: Callable[..., Any]) -> Callable[..., Any]:
+    """``unshard`` recording issue/noop; the caller's frame is read only when recording."""
+    rec = prov.rec
+    num_bytes: list[int] = []  # filled at the first recorded call (after lazy init)
+
     def unshard(*args: Any, **kwargs: Any) -> Any:
         before = group._all_gather_result
         t_ns = time.monotonic_ns()
         out = original(*args, **kwargs)
+        if not rec._recording:
+            return out
         try:
             if prov.should_record():
                 phase = 1 if _graph_task_id() != -1 else 0
@@ -181,10 +183,12 @@ def _wrap_unshard(prov: Provenance, unit: int, group_index: int, group: Any,
                 else:
                     event = NOOP
                     detail = UNSHARDED if getattr(group, "is_unsharded", False) else SKIPPED
-                prov.append(t_ns, phase, unit, group_index, event, kind, source,
-                            prov.bytes_of(group), detail)
+                if not num_bytes:
+                    num_bytes.append(prov.bytes_of(group))
+                prov.rows.append((rec.next_seq(), t_ns, rec.step, rec.micro_step, phase, unit,
+                                  group_index, event, kind, source, num_bytes[0], detail))
         except Exception as error:
-            prov.rec.disable(f"all-gather provenance failed: {type(error).__name__}: {error}")
+            rec.disable(f"all-gather provenance failed: {type(error).__name__}: {error}")
         return out
 
     return unshard
@@ -192,18 +196,25 @@ def _wrap_unshard(prov: Provenance, unit: int, group_index: int, group: Any,
 
 def _wrap_clear(prov: Provenance, unit: int, group_index: int, group: Any,
                 original: Callable[..., Any], event: int, detail: int) -> Callable[..., Any]:
-    """A method that may clear ``_all_gather_result``: a consume (wait) or a drop."""
+    """A method that may clear ``_all_gather_result``: a consume (wait) or a drop.
+
+    Most calls find nothing pending (``wait_for_unshard`` after a blocking gather, every
+    ``_reset_iter_state``): those only read one attribute before calling through.
+    """
+    rec = prov.rec
+
     def cleared(*args: Any, **kwargs: Any) -> Any:
-        before = group._all_gather_result
+        if group._all_gather_result is None:
+            return original(*args, **kwargs)
         t_ns = time.monotonic_ns()
         out = original(*args, **kwargs)
         try:
-            if before is not None and group._all_gather_result is None and prov.should_record():
+            if group._all_gather_result is None and prov.should_record():
                 phase = 1 if _graph_task_id() != -1 else 0
-                prov.append(t_ns, phase, unit, group_index, event, -1, -1,
-                            prov.bytes_of(group), detail)
+                prov.rows.append((rec.next_seq(), t_ns, rec.step, rec.micro_step, phase, unit,
+                                  group_index, event, -1, -1, prov.bytes_of(group), detail))
         except Exception as error:
-            prov.rec.disable(f"all-gather provenance failed: {type(error).__name__}: {error}")
+            rec.disable(f"all-gather provenance failed: {type(error).__name__}: {error}")
         return out
 
     return cleared
@@ -220,14 +231,19 @@ def _columns(unit_names: list[str]) -> Callable[[list[tuple]], dict[str, Any]]:
         "detail": pa.array(list(DETAILS), pa.string()),
     }
     names = schema.ALLGATHERS.names
+    ints: dict[str, type[np.integer]] = {
+        "seq": np.int64, "t_ns": np.int64, "step": np.int32, "micro_step": np.int32,
+        "group": np.int32, "num_bytes": np.int64,
+    }
 
     def to_columns(rows: list[tuple]) -> dict[str, Any]:
         columns = dict(zip(names, zip(*rows, strict=True), strict=True))
-        out: dict[str, Any] = {name: list(columns[name]) for name in
-                               ("seq", "t_ns", "step", "micro_step", "group", "num_bytes")}
+        out: dict[str, Any] = {name: int_column(columns[name], dtype)
+                               for name, dtype in ints.items()}
         for name, values in dictionaries.items():
-            codes = pa.array([c if c >= 0 else None for c in columns[name]], pa.int32())
-            out[name] = pa.DictionaryArray.from_arrays(codes, values)
+            codes = int_column(columns[name], np.int32)
+            # -1 is "none" (no issuer unit, no detail): a null in the dictionary column.
+            out[name] = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), values)
         return out
 
     return to_columns
