@@ -132,15 +132,26 @@ def _pairs(tables: RankTables, pos: Positions, sources: np.ndarray, group: np.nd
                                   [prefetch["phase"][has_target], events["phase"][rep]]])
     edge_key, source_key = fold([[edge_pass, order_pass[group]],
                                  [prefetch["unit"][has_target], events["unit"][sources]]])
-    order = np.argsort(edge_key, kind="stable")
-    lo = np.searchsorted(edge_key[order], source_key, side="left")
-    counts = np.searchsorted(edge_key[order], source_key, side="right") - lo
+    order, lo, counts = _ranges(edge_key, source_key)
     if not len(counts) or counts.max() <= 1:  # the usual case: at most one edge per source
         source = np.flatnonzero(counts)
         return source, order[lo[source]]
     source = np.repeat(np.arange(len(sources)), counts)
     within = np.arange(len(source)) - np.repeat(np.cumsum(counts) - counts, counts)
     return source, order[np.repeat(lo, counts) + within]
+
+
+def _ranges(edge_key: np.ndarray, source_key: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Edges sorted by key, and per source the first sorted edge with its key and how many."""
+    order = np.argsort(edge_key, kind="stable")
+    size = max(int(edge_key.max()), int(source_key.max())) + 1 if len(source_key) else 0
+    if size and size <= 4 * len(source_key) + 4096:
+        per_key = np.bincount(edge_key, minlength=size)
+        first = np.cumsum(per_key) - per_key
+        return order, first[source_key], per_key[source_key]
+    lo = np.searchsorted(edge_key[order], source_key, side="left")
+    return order, lo, np.searchsorted(edge_key[order], source_key, side="right") - lo
 
 
 def _missing(rows: pd.DataFrame) -> pd.DataFrame:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fsdptrace import schema
 from fsdptrace.checks.columns import Columns, Vocab
@@ -85,9 +86,11 @@ class RankTables:
         """Tables read by ``reader.read_rank``; ``frames`` converts one to pandas when asked."""
         vocab = Vocab()
         markers = tables["markers"]
-        kinds = markers.column("kind").to_pylist() if markers.num_rows else []
-        ranks = markers.column("rank").to_pylist() if markers.num_rows else []
-        closed = {int(r) for r, k in zip(ranks, kinds, strict=True) if k == schema.MARKER_CLOSE}
+        closed: set[int] = set()
+        if markers.num_rows:
+            kind = pc.cast(markers.column("kind"), pa.string())
+            done = markers.filter(pc.equal(kind, schema.MARKER_CLOSE))
+            closed = {int(r) for r in pc.unique(done.column("rank")).to_pylist()}
         return cls(vocab=vocab, events=_events(Columns.from_arrow(tables["events"], vocab)),
                    prefetch=Columns.from_arrow(tables["prefetch"], vocab),
                    gradients=Columns.from_arrow(tables["gradients"], vocab),
