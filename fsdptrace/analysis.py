@@ -32,7 +32,7 @@ from fsdptrace.checks import (
     stalled_rank,
     wasted_prefetch,
 )
-from fsdptrace.checks.order import drop_cut_off, unit_sets, with_positions
+from fsdptrace.checks.order import GROUP, drop_cut_off, unit_sets, with_positions
 from fsdptrace.checks.tables import RankTables
 from fsdptrace.trace import TABLE_NAMES, Trace, check_meta, read_frame, to_frame
 
@@ -107,7 +107,7 @@ def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) ->
 
 
 def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
-                     fetch_orders: Callable[[list[int]], pd.DataFrame],
+                     fetch_orders: Callable[[list[int], pd.DataFrame], pd.DataFrame],
                      fetch_prefetch: Callable[[list[int]], pd.DataFrame]) -> pd.DataFrame:
     """The reduce step: checks 4, 5 and 6 across ranks, merged with the per-rank findings."""
     names = set(names)
@@ -119,7 +119,9 @@ def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
         minority = rank_divergence.divergent(sigs, sets)
         needed = sorted(set(minority["rank"]) | set(minority["reference_rank"]))
         if needed:
-            out.append(rank_divergence.check(sigs, sets, fetch_orders(needed)))
+            wanted = pd.concat([minority[GROUP],
+                                minority[GROUP].assign(rank=minority["reference_rank"])])
+            out.append(rank_divergence.check(sigs, sets, fetch_orders(needed, wanted)))
     if prefetch_config_divergence.NAME in names:
         config = cat(summaries, "config_signatures")
         ranks = sorted(int(r) for r in config["rank"].unique()) if len(config) else []
@@ -174,9 +176,9 @@ def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
     """The reduce step for a run dir, re-reading only the tables of the ranks it must."""
     check_meta(_concat_field(summaries, "meta"), run_dir)
 
-    def fetch_orders(needed: list[int]) -> pd.DataFrame:
-        events, markers = (read_frame(run_dir, t, needed) for t in ("events", "markers"))
-        return with_positions(drop_cut_off(events, markers))
+    def fetch_orders(needed: list[int], wanted: pd.DataFrame) -> pd.DataFrame:
+        arrow = {t: reader.read_ranks(run_dir, t, needed) for t in ("events", "markers")}
+        return RankTables.from_arrow(arrow, lambda t: to_frame(arrow[t])).orders(wanted)
 
     def fetch_prefetch(needed: list[int]) -> pd.DataFrame:
         return read_frame(run_dir, "prefetch", needed)
@@ -186,7 +188,7 @@ def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
 
 def _analyze_trace(trace: Trace, names: list[str]) -> pd.DataFrame:
     summary = map_trace(trace, names)
-    return reduce_summaries([summary], names, lambda _: complete_orders(trace),
+    return reduce_summaries([summary], names, lambda *_: complete_orders(trace),
                             lambda _: trace.prefetch)
 
 

@@ -80,10 +80,26 @@ class RankTables:
                    closed=_closed(markers), frames=lambda t: getattr(trace, t),
                    sizes={t: len(getattr(trace, t)) for t in ("pending", "allgathers")})
 
+    def orders(self, wanted: pd.DataFrame) -> pd.DataFrame:
+        """Positioned complete orders (``order.with_positions`` rows) of the ``wanted``
+        (rank, step, micro_step, phase) only: what a cross-rank check spells out."""
+        from fsdptrace.checks.columns import fold
+        from fsdptrace.checks.order import GROUP
+
+        pos = self.complete
+        phase = self.vocab.codes(list(wanted["phase"].astype(str)))
+        have, want = fold([[pos.column(c), wanted[c].to_numpy().astype(np.int64)]
+                           for c in GROUP[:-1]] + [[pos.column("phase"), phase]])
+        return pos.frame(np.isin(have, want))
+
     @classmethod
     def from_arrow(cls, tables: dict[str, pa.Table],
                    frames: Callable[[str], pd.DataFrame]) -> RankTables:
-        """Tables read by ``reader.read_rank``; ``frames`` converts one to pandas when asked."""
+        """Tables read by ``reader.read_rank``; ``frames`` converts one to pandas when asked.
+
+        Tables missing from ``tables`` count as empty.
+        """
+        tables = {name: tables.get(name, _empty(name)) for name in schema.TABLES}
         vocab = Vocab()
         markers = tables["markers"]
         closed: set[int] = set()
@@ -97,6 +113,11 @@ class RankTables:
                    units=Columns.from_arrow(tables["units"], vocab, ["unit"]), closed=closed,
                    frames=frames,
                    sizes={t: tables[t].num_rows for t in ("pending", "allgathers")})
+
+
+def _empty(table: str) -> pa.Table:
+    empty = schema.TABLES[table].remove_metadata().empty_table()
+    return empty.add_column(0, "rank", pa.array([], type=pa.int32()))
 
 
 def _events(events: Columns) -> Columns:
