@@ -38,9 +38,20 @@ _PREFETCH_ATTR = {
 _prefetch_lists = operator.attrgetter(*_PREFETCH_ATTR.values())
 
 # (has_grad, grad_source): the four answers ``_grad_source`` can give.
-_SOURCES = _SHARDED, _UNSHARDED, _ACCUMULATED, _NONE = (
+_SHARDED, _UNSHARDED, _ACCUMULATED, _NONE = (
     (True, "sharded"), (True, "unsharded"), (True, "accumulated"), (False, "none"))
-_Answers = dict[tuple[bool, str], GradientPresence]
+
+
+class _Answers(dict[tuple[bool, str], GradientPresence]):
+    """One parameter's ``GradientPresence`` per (has_grad, source), each built once on demand."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__()
+        self.label = label
+
+    def __missing__(self, source: tuple[bool, str]) -> GradientPresence:
+        self[source] = presence = GradientPresence(self.label, *source)
+        return presence
 
 
 def _fsdp_state(module: Any) -> Any:
@@ -155,8 +166,8 @@ class FSDP2Backend:
     def gradients(self, unit: Unit) -> list[GradientPresence]:
         """Gradient presence per managed parameter, at every optimizer step for every unit.
 
-        Labels are resolved once, and each parameter's four possible answers built once:
-        a boundary allocates nothing per parameter but the list.
+        Labels are resolved once and each answer built once per parameter: a later boundary
+        allocates nothing per parameter but the list.
         """
         grad_source = _grad_source
         return [answers[grad_source(p)] for p, answers in self._params_of(unit)]
@@ -169,7 +180,7 @@ class FSDP2Backend:
         for group in param_groups(unit.handle):
             for fsdp_param in getattr(group, "fsdp_params", ()):
                 label = _param_label(fsdp_param, len(pairs), unit.param_names)
-                pairs.append((fsdp_param, {s: GradientPresence(label, *s) for s in _SOURCES}))
+                pairs.append((fsdp_param, _Answers(label)))
         # Labels come from FSDP's FQNs, set at lazy init; until then they are guesses.
         if all(getattr(p, "_param_fqn", None) for p, _ in pairs):
             self._labelled_params[unit.index] = pairs
