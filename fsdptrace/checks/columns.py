@@ -144,7 +144,10 @@ def _dictionary_codes(column: pa.ChunkedArray, vocab: Vocab) -> np.ndarray:
     parts = []
     for chunk in column.chunks:
         mapping = np.append(vocab.codes(chunk.dictionary.to_pylist()), -1)
-        indices = chunk.indices.fill_null(-1).to_numpy().astype(np.int64, copy=False)
+        indices = chunk.indices
+        if indices.null_count:
+            indices = indices.fill_null(-1)
+        indices = indices.to_numpy()
         parts.append(mapping[indices])
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 

@@ -54,7 +54,7 @@ def complete_positions(tables: RankTables) -> Positions:
     """Drop stalled ranks' last micro-step (cut off, not run that way), then position."""
     events = tables.events
     rank, step, micro = events["rank"], events["step"], events["micro_step"]
-    stalled = set(pd.unique(rank).tolist()) - tables.closed
+    stalled = set(_ranks(rank)) - tables.closed
     if stalled:
         keep = np.ones(len(events), dtype=bool)
         key = step * 1_000_000 + micro
@@ -65,8 +65,10 @@ def complete_positions(tables: RankTables) -> Positions:
     else:
         rows = np.arange(len(events))
     seq, ranks = events["seq"][rows], rank[rows]
-    in_order = len(rows) < 2 or bool(((ranks[1:] > ranks[:-1])
-                                      | ((ranks[1:] == ranks[:-1]) & (seq[1:] > seq[:-1]))).all())
+    one_rank = len(_ranks(ranks)) <= 1
+    in_order = len(rows) < 2 or bool(
+        (seq[1:] > seq[:-1]).all() if one_rank
+        else ((ranks[1:] > ranks[:-1]) | ((ranks[1:] == ranks[:-1]) & (seq[1:] > seq[:-1]))).all())
     if not in_order:
         rows = rows[np.lexsort((seq, ranks))]
     positions = Positions(events, rows, np.zeros(0, np.int64), np.zeros(0, np.int64),
@@ -74,6 +76,14 @@ def complete_positions(tables: RankTables) -> Positions:
     (key,) = fold([[positions.column(c)] for c in GROUP])
     positions.group, positions.position = _group_positions(key)
     return positions
+
+
+def _ranks(rank: np.ndarray) -> list[int]:
+    """Distinct ranks, sorted; the map step holds one, so that case skips hashing."""
+    if not len(rank):
+        return []
+    low, high = int(rank.min()), int(rank.max())
+    return [low] if low == high else sorted(pd.unique(rank).tolist())
 
 
 def _group_positions(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +136,7 @@ def last_positions(events: Columns) -> pd.DataFrame:
         return pd.DataFrame(columns=GROUP + ["unit", "position", "t_ns"])
     rank, seq = events["rank"], events["seq"]
     last, counts = [], []
-    for r in sorted(pd.unique(rank).tolist()):  # one rank per map step, a few in a Trace
+    for r in _ranks(rank):  # one rank per map step, a few in a Trace
         mine = np.flatnonzero(rank == r)
         row = int(mine[np.argmax(seq[mine])])
         same = np.ones(len(mine), dtype=bool)
