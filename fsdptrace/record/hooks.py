@@ -94,10 +94,15 @@ def _make_unit_post(rec: Recorder, unit: Any) -> Callable[..., None]:
 
 
 def _watch_backward_begin(rec: Recorder, index: int, tensors: list[torch.Tensor]) -> None:
+    """Record the unit's backward begin at the first gradient reaching any of its outputs.
+
+    The hooks stay on the tensors after firing (a ``fired`` check costs less than removing
+    each handle, and the tensors die with the graph); a second backward through a retained
+    graph is not recorded again, as before.
+    """
     if not tensors:
         return
     fired = [False]
-    handles: list[Any] = []
 
     def on_first_grad(grad: torch.Tensor) -> None:
         if fired[0]:
@@ -106,13 +111,11 @@ def _watch_backward_begin(rec: Recorder, index: int, tensors: list[torch.Tensor]
         try:
             if rec._recording:
                 rec.record_unit(index, 1)
-            for handle in handles:
-                handle.remove()
         except Exception as error:
             rec.disable(f"backward hook failed: {type(error).__name__}: {error}")
 
     for tensor in tensors:
-        handles.append(tensor.register_hook(on_first_grad))
+        tensor.register_hook(on_first_grad)
 
 
 def _make_part_pre(rec: Recorder, part: int) -> Callable[..., None]:
