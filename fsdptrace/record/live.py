@@ -37,8 +37,10 @@ def raise_if_unsafe(rec: Recorder) -> None:
     """
     if not rec.enabled:
         return  # recording failed this step: there is nothing trustworthy to check
-    errors = step_findings(rec)
-    errors = errors[errors["severity"] == "error"]
+    found = step_findings(rec)
+    if not len(found):
+        return  # the clean step: no pandas operation at all
+    errors = found[found["severity"] == "error"]
     if not len(errors):
         return
     _append_findings(rec, errors)
@@ -88,8 +90,9 @@ def step_tables(rec: Recorder) -> RankTables:
         vocab=vocab, events=event_columns,
         prefetch=Columns.from_rows(_prefetch_rows(rec), schema.PREFETCH.names, vocab,
                                    CODED["prefetch"], rank),
+        # Only the unit is compared; grad_source stays text (one lookup less per parameter).
         gradients=Columns.from_rows(rec.boundary_gradients, schema.GRADIENTS.names, vocab,
-                                    CODED["gradients"], rank),
+                                    ["unit"], rank),
         units=Columns.from_rows(units, ["unit", "is_root"], vocab, ["unit"], rank),
         closed={rank}, frames=frame,
         sizes={"pending": len(rec.boundary_pending), "allgathers": 0})
