@@ -1,9 +1,10 @@
 """The live option: checks 1-3 on this rank's current step, raising before ``optimizer.step()``.
 
-One source of truth: the step is turned into the same tables the run dir holds (a one-rank
-``Trace``) and handed to the offline analyzer's per-rank checks, so a live finding and the
-post-mortem's finding are the same row with the same message. pandas is imported here, on
-this path only: a job that records without raising never loads it.
+One source of truth: the step is turned into the code columns the offline analyzer's map
+step reads from a run dir (``RankTables``) and handed to the same per-rank checks, so a live
+finding and the post-mortem's finding are the same row with the same message. A clean step
+costs numpy work on a few hundred rows; pandas builds frames only for findings. pandas is
+imported here, on this path only: a job that records without raising never loads it.
 """
 
 from __future__ import annotations
