@@ -1,6 +1,7 @@
 """``fsdptrace.analyze``: run the checks over a run dir as map (per rank) and reduce.
 
-The map step reads one rank, runs the per-rank checks and keeps only small summaries (order
+The map step reads one rank with pyarrow into code columns (``checks.tables.RankTables``, no
+pandas copy of the events), runs the per-rank checks and keeps only small summaries (order
 signatures, the last unit entered, how the recording ended). The reduce step compares those
 across ranks and re-reads just the few diverging orders it must spell out. Memory stays
 bounded by one rank's data plus the summaries, and the map fans out over processes.
