@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace import schema
-from fsdptrace.checks import findings, keys
+from fsdptrace.checks import findings
 from fsdptrace.checks.columns import fold
 
 if TYPE_CHECKING:
@@ -20,15 +19,9 @@ SEVERITY = findings.ERROR
 
 def check(events: pd.DataFrame, units: pd.DataFrame, gradients: pd.DataFrame) -> pd.DataFrame:
     """Per rank and optimizer step: non-root units with gradients and no forward begin."""
-    if not len(gradients):
-        return findings.empty()
-    with_grad = gradients[gradients["has_grad"].fillna(False).to_numpy(bool)]
-    roots = units[units["is_root"].fillna(False).to_numpy(bool)]
-    forward = events.loc[(events["phase"] == schema.FORWARD).to_numpy(bool),
-                         ["rank", "step", "unit"]]
-    bypassed = with_grad[~keys.isin(with_grad, roots, ["rank", "unit"])
-                         & ~keys.isin(with_grad, forward, ["rank", "step", "unit"])]
-    return _report(bypassed)
+    from fsdptrace.checks.tables import RankTables
+
+    return check_tables(RankTables.from_frames(events=events, units=units, gradients=gradients))
 
 
 def check_tables(tables: RankTables) -> pd.DataFrame:

@@ -13,7 +13,7 @@ import pandas as pd
 from fsdptrace import schema
 from fsdptrace.checks import findings, keys
 from fsdptrace.checks.columns import fold
-from fsdptrace.checks.order import GROUP, drop_cut_off, first_difference, signatures, with_positions
+from fsdptrace.checks.order import GROUP, first_difference, signatures
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -24,7 +24,9 @@ SEVERITY = findings.WARNING
 
 def check(events: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
     """Each rank's forward orders against its first recorded micro-step."""
-    return check_positioned(with_positions(drop_cut_off(events, markers)))
+    from fsdptrace.checks.tables import RankTables
+
+    return check_tables(RankTables.from_frames(events=events, markers=markers))
 
 
 def check_tables(tables: RankTables, sigs: pd.DataFrame | None = None) -> pd.DataFrame:

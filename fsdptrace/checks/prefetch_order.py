@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace.checks import findings, keys
+from fsdptrace.checks import findings
 from fsdptrace.checks.columns import fold, lookup
-from fsdptrace.checks.order import GROUP, drop_cut_off, first_positions, with_positions
+from fsdptrace.checks.order import GROUP
 
 if TYPE_CHECKING:
     from fsdptrace.checks.positions import Positions
@@ -20,67 +20,12 @@ SEVERITY = findings.ERROR
 _KEY_SCALE = 1_000_000
 
 
-def snapshot_ids(groups: pd.DataFrame, prefetch: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
-    """Per row of ``groups``, the index of the prefetch snapshot in effect then (-1: none).
-
-    Also returns the snapshots (``rank, step, micro_step``), indexed by that number.
-    """
-    snapshots = prefetch[["rank", "step", "micro_step"]].drop_duplicates().reset_index(drop=True)
-    wanted = groups[["rank", "step", "micro_step"]].drop_duplicates()
-    found = pd.merge_asof(
-        _keyed(wanted).sort_values("key"),
-        _keyed(snapshots).assign(snapshot=np.arange(len(snapshots))).drop(
-            columns=["step", "micro_step"]).sort_values("key"),
-        on="key", by="rank", direction="backward")
-    found["snapshot"] = found["snapshot"].fillna(-1).astype("int64")
-    group_key, found_key = keys.row_keys([groups, found], ["rank", "step", "micro_step"])
-    where = pd.Index(found_key).get_indexer(group_key)
-    return found["snapshot"].to_numpy()[where], snapshots
-
-
-def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.assign(
-        key=frame["step"].astype("int64") * _KEY_SCALE + frame["micro_step"].astype("int64"),
-        rank=frame["rank"].astype("int64"))
-
-
 def check(events: pd.DataFrame, prefetch: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
     """Every executed source's configured targets, against the order units began."""
-    return check_positioned(first_positions(with_positions(drop_cut_off(events, markers))),
-                            prefetch)
+    from fsdptrace.checks.tables import RankTables
 
-
-def check_positioned(positioned: pd.DataFrame, prefetch: pd.DataFrame) -> pd.DataFrame:
-    """``check`` on first positions of complete orders (``first_positions`` output)."""
-    edges = prefetch.dropna(subset=["target"])
-    if not len(positioned) or not len(edges):
-        return findings.empty()
-    positioned = positioned.reset_index(drop=True)
-    snapshot, snapshots = snapshot_ids(positioned, prefetch)
-    edge_keys = keys.row_keys([edges, snapshots], ["rank", "step", "micro_step"])
-    edges = edges.assign(snapshot=pd.Index(edge_keys[1]).get_indexer(edge_keys[0]))
-    sources = positioned.assign(snapshot=snapshot)
-    source_key, edge_key = keys.row_keys([sources, edges], ["snapshot", "phase", "unit"])
-    pairs = pd.DataFrame({"key": source_key, "source": np.arange(len(sources))}).merge(
-        pd.DataFrame({"key": edge_key, "edge": np.arange(len(edges))}), on="key")
-    source_rows, edge_rows = pairs["source"].to_numpy(), pairs["edge"].to_numpy()
-    # The target's key is the source's order with the target in place of the unit.
-    wanted = positioned.iloc[source_rows][GROUP].reset_index(drop=True).assign(
-        unit=edges["target"].iloc[edge_rows].reset_index(drop=True))
-    have_key, want_key = keys.row_keys([positioned, wanted], GROUP + ["unit"])
-    found = pd.Index(have_key).get_indexer(want_key)
-    position = positioned["position"].to_numpy()
-    target_position = np.where(found >= 0, position[np.maximum(found, 0)], -1)
-    missing = found < 0
-    early = ~missing & (target_position <= position[source_rows])
-    flagged = missing | early
-    rows = positioned.iloc[source_rows[flagged]][GROUP + ["unit", "position"]].assign(
-        target=edges["target"].iloc[edge_rows[flagged]].to_numpy(),
-        target_position=target_position[flagged])
-    rows = rows.assign(rank=rows["rank"].astype("int64"), unit=rows["unit"].astype(str),
-                       phase=rows["phase"].astype(str), target=rows["target"].astype(str))
-    is_missing = missing[flagged]
-    return findings.combine([_missing(rows[is_missing]), _early(rows[~is_missing])])
+    return check_tables(RankTables.from_frames(events=events, prefetch=prefetch,
+                                               markers=markers))
 
 
 def check_tables(tables: RankTables) -> pd.DataFrame:

@@ -68,17 +68,24 @@ class RankTables:
     @classmethod
     def from_trace(cls, trace: Trace) -> RankTables:
         """A pandas ``Trace`` (``fsdptrace.load`` or hand-built) as code columns."""
+        return cls.from_frames(**{t: getattr(trace, t) for t in schema.TABLES})
+
+    @classmethod
+    def from_frames(cls, **frames: pd.DataFrame) -> RankTables:
+        """Tables as ``load`` holds them, by name; tables not given count as empty."""
         vocab = Vocab()
 
+        def get(table: str) -> pd.DataFrame:
+            return frames.get(table, pd.DataFrame())
+
         def cols(table: str) -> Columns:
-            frame = getattr(trace, table)
+            frame = get(table)
             return Columns.from_frame(frame, vocab, CODED[table] if len(frame) else [])
 
-        markers = trace.markers
         return cls(vocab=vocab, events=_events(cols("events")), prefetch=cols("prefetch"),
                    gradients=cols("gradients"), units=cols("units"),
-                   closed=_closed(markers), frames=lambda t: getattr(trace, t),
-                   sizes={t: len(getattr(trace, t)) for t in ("pending", "allgathers")})
+                   closed=_closed(get("markers")), frames=get,
+                   sizes={t: len(get(t)) for t in ("pending", "allgathers")})
 
     def orders(self, wanted: pd.DataFrame) -> pd.DataFrame:
         """Positioned complete orders (``order.with_positions`` rows) of the ``wanted``
