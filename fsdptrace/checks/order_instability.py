@@ -11,9 +11,7 @@ import numpy as np
 import pandas as pd
 
 from fsdptrace import schema
-from fsdptrace.checks import findings, keys
-from fsdptrace.checks.columns import fold
-from fsdptrace.checks.order import GROUP, first_difference, signatures
+from fsdptrace.checks import findings
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -30,80 +28,50 @@ def check(events: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
 
 
 def check_tables(tables: RankTables, sigs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``check`` on code columns: signatures decide; only changed orders are rebuilt."""
-    from fsdptrace.checks.positions import signatures
+    """``check`` on code columns: signatures decide; only changed orders are compared."""
+    from fsdptrace.checks.positions import first_differences, signatures
 
     pos = tables.complete
     if sigs is None:
         sigs = signatures(pos, tables.vocab.names)
     forward = sigs[sigs["phase"] == schema.FORWARD] if len(sigs) else sigs
-    wanted = _changed(forward) if len(forward) else forward
-    if not len(wanted):
+    rows = _changed(forward) if len(forward) else forward
+    if not len(rows):
         return findings.empty()
-    (have, want) = fold([[pos.column(c), wanted[c].to_numpy()]
-                         for c in ("rank", "step", "micro_step")])
-    mask = np.isin(have, want) & (pos.column("phase") == tables.forward)
-    return check_positioned(pos.frame(mask), sigs)
+    rank = rows["rank"].to_numpy()
+    index, left, right = first_differences(
+        pos, [rank, rows["step"].to_numpy(), rows["micro_step"].to_numpy()],
+        [rank, rows["ref_step"].to_numpy(), rows["ref_micro"].to_numpy()], tables.forward)
+    differs = index >= 0
+    rows = rows[differs].assign(rank=rank[differs].astype(np.int64), phase=schema.FORWARD,
+                                index=index[differs], unit=_names(tables, left[differs]),
+                                target=_names(tables, right[differs]))
+    message = ("forward order differs from the rank's first recorded micro-step (step "
+               + rows["ref_step"].astype(str)
+               + ", micro-step " + rows["ref_micro"].astype(str) + ") at index "
+               + rows["index"].astype(str) + ": " + rows["unit"] + " instead of "
+               + rows["target"] + "; prefetch wired from one iteration's order will not "
+               + "hold for the others")
+    return findings.make(NAME, SEVERITY, rows, message)
+
+
+def _names(tables: RankTables, codes: np.ndarray) -> np.ndarray:
+    """Unit names; ``<end>`` where an order had already ended."""
+    names = tables.vocab.decode(np.maximum(codes, 0)).astype(str)
+    return np.where(codes == -2, "<end>", names).astype(object)
 
 
 def _changed(sigs: pd.DataFrame) -> pd.DataFrame:
-    """Forward orders that differ from their rank's first, and those first ones (rank, step,
-    micro_step): the only orders the unit-by-unit comparison needs."""
+    """Forward orders that differ from their rank's first (``rank, step, micro_step``), with
+    that first one (``ref_step, ref_micro``): the only orders compared unit by unit."""
     sigs = sigs.sort_values(["rank", "step", "micro_step"], kind="stable")
     rank = sigs["rank"].to_numpy()
     signature = sigs["signature"].to_numpy()
     starts = np.r_[True, rank[1:] != rank[:-1]]
     first = np.maximum.accumulate(np.where(starts, np.arange(len(rank)), 0))
     changed = signature != signature[first]
-    if not changed.any():
-        return sigs.iloc[:0]
-    keep = np.zeros(len(rank), dtype=bool)
-    keep[changed] = True
-    keep[first[changed]] = True
-    return sigs[keep]
-
-
-def check_positioned(positioned: pd.DataFrame, sigs: pd.DataFrame | None = None
-                     ) -> pd.DataFrame:
-    """``check`` on positioned complete orders (positions are per phase, so forward's hold).
-
-    ``sigs``: their ``signatures``, when the caller has them already.
-    """
-    positioned = positioned[positioned["phase"] == schema.FORWARD]
-    if not len(positioned):
-        return findings.empty()
-    sigs = signatures(positioned) if sigs is None else sigs[sigs["phase"] == schema.FORWARD]
-    sigs = sigs.sort_values(["rank", "step", "micro_step"], kind="stable")
-    first = sigs.drop_duplicates("rank", keep="first")[["rank", "step", "micro_step", "signature"]]
-    first = first.rename(columns={"step": "ref_step", "micro_step": "ref_micro",
-                                  "signature": "ref_signature"})
-    sigs = sigs.merge(first, on="rank")
-    changed = sigs[sigs["signature"] != sigs["ref_signature"]]
-    if not len(changed):
-        return findings.empty()
-    refs = changed[GROUP + ["ref_step", "ref_micro"]]
-    # Only the changed orders and their references are compared unit by unit.
-    ref_groups = refs.drop(columns=["step", "micro_step"]).rename(
-        columns={"ref_step": "step", "ref_micro": "micro_step"})
-    positioned = positioned[keys.isin(positioned, changed, GROUP)
-                            | keys.isin(positioned, ref_groups, GROUP)]
-    positioned = positioned.assign(
-        rank=positioned["rank"].astype("int64"), phase=positioned["phase"].astype(str),
-        unit=positioned["unit"].astype(str))
-    changed = changed.assign(rank=changed["rank"].astype("int64"),
-                             phase=changed["phase"].astype(str))
-    refs = changed[GROUP + ["ref_step", "ref_micro"]]
-    left = positioned.merge(changed[GROUP], on=GROUP)
-    right = positioned.rename(columns={"step": "ref_step", "micro_step": "ref_micro"}).merge(
-        refs, on=["rank", "ref_step", "ref_micro", "phase"])
-    diff = first_difference(left, right, GROUP)
-    rows = diff.merge(refs, on=GROUP)
-    rows["unit"] = rows["left_unit"]
-    rows["target"] = rows["right_unit"]
-    message = ("forward order differs from the rank's first recorded micro-step (step "
-               + rows["ref_step"].astype(str)
-               + ", micro-step " + rows["ref_micro"].astype(str) + ") at index "
-               + rows["index"].astype(str) + ": " + rows["left_unit"] + " instead of "
-               + rows["right_unit"] + "; prefetch wired from one iteration's order will not "
-               + "hold for the others")
-    return findings.make(NAME, SEVERITY, rows, message)
+    return pd.DataFrame({
+        "rank": rank[changed], "step": sigs["step"].to_numpy()[changed],
+        "micro_step": sigs["micro_step"].to_numpy()[changed],
+        "ref_step": sigs["step"].to_numpy()[first[changed]],
+        "ref_micro": sigs["micro_step"].to_numpy()[first[changed]]})

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace.checks.columns import Columns, first_mask, fold
+from fsdptrace.checks.columns import Columns, first_mask, fold, lookup
 from fsdptrace.checks.order import GROUP
 
 if TYPE_CHECKING:
@@ -151,3 +151,34 @@ def last_positions(events: Columns) -> pd.DataFrame:
     out["unit"] = out["unit"].astype(str)
     out["position"] = counts_array - 1
     return out[GROUP + ["unit", "position", "t_ns"]].reset_index(drop=True)
+
+
+def first_differences(pos: Positions, left: list[np.ndarray], right: list[np.ndarray],
+                      phase: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per pair of orders given as (rank, step, micro_step) columns in ``phase``: the first
+    index where their units differ (-1: none) and the unit codes there (-2: order ended)."""
+    group = pos.group
+    rep = np.zeros(int(group.max()) + 1 if len(group) else 0, dtype=np.int64)
+    rep[group] = np.arange(len(group))
+    phases = np.full(len(left[0]), phase, dtype=np.int64)
+    columns = [pos.column(c)[rep] for c in GROUP]
+    have, left_key, right_key = fold([[columns[i], left[i], right[i]] for i in range(3)]
+                                     + [[columns[3], phases, phases]])
+    order = np.argsort(group, kind="stable")
+    lengths = np.bincount(group, minlength=len(rep))
+    starts = np.cumsum(lengths) - lengths
+    units = pos.column("unit")[order]
+
+    def matrix(key: np.ndarray, width: int) -> np.ndarray:
+        found = lookup(have, key)
+        length = np.where(found >= 0, lengths[np.maximum(found, 0)], 0)
+        cells = starts[np.maximum(found, 0)][:, None] + np.arange(width)
+        valid = np.arange(width) < length[:, None]
+        return np.where(valid, units[np.minimum(cells, max(len(units) - 1, 0))], -2)
+
+    width = int(lengths.max()) + 1 if len(lengths) else 1
+    lhs, rhs = matrix(left_key, width), matrix(right_key, width)
+    differ = lhs != rhs
+    index = np.argmax(differ, axis=1)
+    picked = np.arange(len(index))
+    return (np.where(differ.any(axis=1), index, -1), lhs[picked, index], rhs[picked, index])
