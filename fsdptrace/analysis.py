@@ -98,7 +98,7 @@ def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) ->
     return RankSummary(
         findings=_per_rank_findings(tables, set(names), sigs),
         signatures=sigs,
-        config_signatures=prefetch_config_divergence.config_signatures(tables.frame("prefetch")),
+        config_signatures=prefetch_config_divergence.config_signatures_tables(tables),
         unit_sets=unit_sets(tables.frame("units")),
         last=positions.last_positions(tables.events),
         ends=ends,

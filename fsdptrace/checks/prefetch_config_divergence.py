@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
 import pandas as pd
 
 from fsdptrace.checks import findings
+from fsdptrace.checks.columns import first_mask, fold
 from fsdptrace.checks.order import majority
+
+if TYPE_CHECKING:
+    from fsdptrace.checks.tables import RankTables
 
 NAME = "prefetch-config-divergence"
 SEVERITY = findings.ERROR
@@ -27,6 +34,41 @@ def config_signatures(prefetch: pd.DataFrame) -> pd.DataFrame:
     out = snapshots.merge(sums, on=_SNAPSHOT, how="left")
     out["signature"] = out["signature"].fillna(0).astype("uint64")
     return out
+
+
+def config_signatures_tables(tables: RankTables) -> pd.DataFrame:
+    """``config_signatures`` on code columns: each distinct edge's text is hashed once."""
+    prefetch = tables.prefetch
+    if not len(prefetch):
+        return pd.DataFrame(columns=_SNAPSHOT + ["signature"])
+    (snapshot,) = fold([[prefetch[c]] for c in _SNAPSHOT])
+    snap_codes, _ = pd.factorize(snapshot)  # first-appearance order, like drop_duplicates
+    first = np.flatnonzero(first_mask(snap_codes))
+    edges = np.flatnonzero(prefetch["target"] >= 0)
+    hashed = _edge_hashes(tables, edges)
+    sums = np.zeros(len(first), dtype=np.uint64)
+    np.add.at(sums, snap_codes[edges], hashed.astype(np.uint64))
+    return pd.DataFrame({"rank": prefetch["rank"][first].astype(np.int64),
+                         "step": prefetch["step"][first].astype(np.int32),
+                         "micro_step": prefetch["micro_step"][first].astype(np.int32),
+                         "signature": sums})
+
+
+def _edge_hashes(tables: RankTables, edges: np.ndarray) -> np.ndarray:
+    """``hash_array`` of each edge's "unit, phase, target, index" text, per distinct edge."""
+    prefetch, names = tables.prefetch, tables.vocab.names
+    if not len(edges):
+        return np.zeros(0, dtype=np.uint64)
+    index_codes, index_values = pd.factorize(prefetch["target_index"][edges])
+    columns = [prefetch[c][edges] for c in ("unit", "phase", "target")] + [index_codes]
+    (key,) = fold([[c] for c in columns])
+    edge_codes, _ = pd.factorize(key)
+    distinct = np.flatnonzero(first_mask(edge_codes))
+    index_text = np.asarray(index_values).astype(str)
+    text = np.array(["\x1f".join((names[u], names[p], names[t], index_text[i])) for u, p, t, i
+                     in zip(*(c[distinct].tolist() for c in columns), strict=True)],
+                    dtype=object)
+    return pd.util.hash_array(text)[edge_codes]
 
 
 def effective(signatures: pd.DataFrame) -> pd.DataFrame:
