@@ -122,7 +122,8 @@ def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
         if needed:
             wanted = pd.concat([minority[GROUP],
                                 minority[GROUP].assign(rank=minority["reference_rank"])])
-            out.append(rank_divergence.check(sigs, sets, fetch_orders(needed, wanted)))
+            out.append(rank_divergence.check(sigs, sets, fetch_orders(needed, wanted),
+                                             minority))
     if prefetch_config_divergence.NAME in names:
         config = cat(summaries, "config_signatures")
         ranks = sorted(int(r) for r in config["rank"].unique()) if len(config) else []

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace.checks import findings
+from fsdptrace.checks import findings, keys
 from fsdptrace.checks.columns import first_mask, fold
 from fsdptrace.checks.order import majority
 
@@ -96,6 +96,18 @@ def _target_lists(prefetch: pd.DataFrame) -> pd.DataFrame:
     return lists.rename("targets").reset_index()
 
 
+def _compared(plain: pd.DataFrame, odd: pd.DataFrame) -> pd.DataFrame:
+    """Only the snapshots the differences are spelled out from: each odd rank's and its
+    reference's (every rank's edges at every snapshot would be listed for nothing)."""
+    own = odd[["rank", "snap_step", "snap_micro"]]
+    ref = odd[["reference_rank", "ref_snap_step", "ref_snap_micro"]]
+    needed = pd.concat([own.set_axis(_SNAPSHOT, axis=1), ref.set_axis(_SNAPSHOT, axis=1)])
+    needed = needed.dropna().astype("int64")
+    return plain[keys.isin(plain.assign(step=plain["step"].astype("int64"),
+                                        micro_step=plain["micro_step"].astype("int64")),
+                           needed, _SNAPSHOT)]
+
+
 def _differences(odd: pd.DataFrame, lists: pd.DataFrame) -> pd.Series:
     """For each odd row, the edges that differ from its reference rank, as one text."""
     left = odd[["rank", "snap_step", "snap_micro", "reference_rank", "ref_snap_step",
@@ -140,7 +152,7 @@ def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, prefetch: pd.DataFr
     reference = reference.rename(columns={"rank": "reference_rank", "snap_step": "ref_snap_step",
                                           "snap_micro": "ref_snap_micro"})
     odd = odd.merge(reference, on=["reference_rank", "step", "micro_step"], how="left")
-    odd["diff"] = _differences(odd, _target_lists(plain)).to_numpy()
+    odd["diff"] = _differences(odd, _target_lists(_compared(plain, odd))).to_numpy()
     message = ("rank " + odd["rank"].astype(str) + " prefetch edges (from step "
                + odd["step"].astype(str) + ") differ from " + odd["num_agree"].astype(str)
                + " of " + odd["num_ranks"].astype(str) + " ranks (e.g. rank "

@@ -31,10 +31,14 @@ def divergent(signatures: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame
     return sigs[sigs["signature"] != sigs["majority"]]
 
 
-def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, orders: pd.DataFrame
-          ) -> pd.DataFrame:
-    """``orders``: positioned events of (at least) the diverging and reference ranks."""
-    minority = divergent(signatures, unit_sets)
+def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, orders: pd.DataFrame,
+          minority: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``orders``: positioned events of (at least) the diverging and reference ranks.
+
+    ``minority``: ``divergent(signatures, unit_sets)``, when the caller has it already.
+    """
+    if minority is None:
+        minority = divergent(signatures, unit_sets)
     if not len(minority):
         return findings.empty()
     # Only the diverging orders and their references are compared unit by unit.
