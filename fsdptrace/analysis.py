@@ -33,7 +33,7 @@ from fsdptrace.checks import (
     stalled_rank,
     wasted_prefetch,
 )
-from fsdptrace.checks.order import GROUP, drop_cut_off, unit_sets, with_positions
+from fsdptrace.checks.order import GROUP, unit_sets
 from fsdptrace.checks.tables import RankTables
 from fsdptrace.trace import TABLE_NAMES, Trace, check_meta, read_frame, to_frame
 
@@ -77,11 +77,6 @@ def _per_rank_findings(tables: RankTables, names: set[str], sigs: pd.DataFrame |
         if redundant_prefetch.NAME in names:
             out.append(redundant_prefetch.check(allgathers, events))
     return findings.combine(out)
-
-
-def complete_orders(trace: Trace) -> pd.DataFrame:
-    """Positioned events without the cut-off tail of stalled ranks (input of checks 1, 4, 7)."""
-    return with_positions(drop_cut_off(trace.events, trace.markers))
 
 
 def map_trace(trace: Trace, names: Iterable[str]) -> RankSummary:
@@ -189,8 +184,9 @@ def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
 
 
 def _analyze_trace(trace: Trace, names: list[str]) -> pd.DataFrame:
-    summary = map_trace(trace, names)
-    return reduce_summaries([summary], names, lambda *_: complete_orders(trace),
+    tables = RankTables.from_trace(trace)
+    summary = map_tables(tables, names, ranks=trace.ranks)
+    return reduce_summaries([summary], names, lambda _, wanted: tables.orders(wanted),
                             lambda _: trace.prefetch)
 
 

@@ -66,39 +66,6 @@ def drop_cut_off(events: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
     return events[~cut]
 
 
-def signatures(positioned: pd.DataFrame) -> pd.DataFrame:
-    """One order-sensitive 64-bit hash per (rank, step, micro_step, phase), and its length.
-
-    Hashes the unit *names* (not category codes), so ranks with differently ordered
-    categories still agree; the position is mixed in so that order matters.
-    """
-    if not len(positioned):
-        return pd.DataFrame(columns=GROUP + ["signature", "length"])
-    unit_hash = name_hashes(positioned["unit"])
-    mixed = pd.util.hash_array(
-        unit_hash ^ (positioned["position"].to_numpy().astype(np.uint64) * np.uint64(
-            0x9E3779B97F4A7C15))
-    )
-    (group,) = keys.row_keys([positioned], GROUP)
-    codes, uniques = pd.factorize(group, sort=True)
-    sums = np.zeros(len(uniques), dtype=np.uint64)
-    np.add.at(sums, codes, mixed.astype(np.uint64))
-    _, first = np.unique(codes, return_index=True)
-    out = positioned[GROUP].iloc[first].reset_index(drop=True)
-    out["signature"] = sums
-    out["length"] = np.bincount(codes, minlength=len(uniques)).astype(np.int64)
-    return out
-
-
-def name_hashes(units: pd.Series) -> np.ndarray:
-    """``hash_array`` of each unit's name, hashing each distinct name once."""
-    if not isinstance(units.dtype, pd.CategoricalDtype):
-        return pd.util.hash_array(units.astype(str).to_numpy())
-    names = units.cat.categories.astype(str).to_numpy()
-    per_name = np.append(pd.util.hash_array(names), pd.util.hash_array(np.array(["nan"])))
-    return per_name[units.cat.codes.to_numpy()]
-
-
 def first_difference(left: pd.DataFrame, right: pd.DataFrame, on: list[str]) -> pd.DataFrame:
     """For each pair of orders keyed by ``on``, the first index where they differ.
 

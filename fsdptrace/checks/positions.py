@@ -1,8 +1,9 @@
 """Orders on code columns: positions, first positions, signatures, where each rank stopped.
 
-The numpy counterparts of ``order.with_positions``/``first_positions``/``signatures``, on
-``RankTables``: the same results, without a DataFrame per step. Rows are events in (rank,
-seq) order; an order is the rows sharing a ``group`` id (rank, step, micro_step, phase).
+``order.with_positions``/``first_positions`` on ``RankTables`` (the same positions, without a
+DataFrame per step), and the order signatures the cross-rank comparison starts from. Rows are
+events in (rank, seq) order; an order is the rows sharing a ``group`` id (rank, step,
+micro_step, phase).
 """
 
 from __future__ import annotations
@@ -106,7 +107,11 @@ def _group_positions(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def signatures(positions: Positions, vocab_names: list[str]) -> pd.DataFrame:
-    """``order.signatures`` of the positioned rows: one hash per order, and its length."""
+    """One order-sensitive 64-bit hash per (rank, step, micro_step, phase), and its length.
+
+    Hashes the unit *names* (not codes), so ranks whose vocabularies differ still agree; the
+    position is mixed in so that order matters.
+    """
     if not len(positions.rows):
         return pd.DataFrame(columns=GROUP + ["signature", "length"])
     names = np.array(vocab_names + ["nan"], dtype=object)
