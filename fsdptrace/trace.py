@@ -163,7 +163,7 @@ def check_meta(meta: pd.DataFrame, run_dir: Path) -> None:
     clashes = claims[(claims["pid"] > 1) | (claims["host"] > 1)]
     for rank in clashes.index:
         rows = meta[meta["rank"] == rank]
-        who = ", ".join(f"pid {p} on {h}" for h, p in zip(rows["host"], rows["pid"]))
+        who = ", ".join(f"pid {p} on {h}" for h, p in zip(rows["host"], rows["pid"], strict=True))
         raise RunDirError(
             f"rank {rank} in {run_dir} was recorded by several processes ({who}): "
             "two runs share this run dir; give each run its own --run-dir"
