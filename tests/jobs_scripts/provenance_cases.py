@@ -24,20 +24,13 @@ from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
 import fsdptrace
 
-DIM = 8
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported
+from harness import DIM, Block, run_cases  # noqa: E402
+
 VOCAB = 16
 STEPS = 2
 MICRO_STEPS = 2
 Result = dict[str, Any]
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(DIM, DIM)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.fc(x))
 
 
 class Net(nn.Module):
@@ -173,16 +166,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("cases", nargs="+", choices=sorted(CASES))
     args = parser.parse_args()
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    try:
-        for name in args.cases:
-            run_dir = args.out / name
-            result = CASES[name](run_dir)
-            (run_dir / f"result.rank{rank}.json").write_text(json.dumps(result))
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+
+    def run_case(name: str, rank: int) -> None:
+        run_dir = args.out / name
+        result = CASES[name](run_dir)
+        (run_dir / f"result.rank{rank}.json").write_text(json.dumps(result))
+
+    run_cases(args.cases, run_case)
     return 0
 
 

@@ -31,23 +31,11 @@ from fsdptrace.record.backends.fsdp2 import FSDP2Backend
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported
 import scenarios  # noqa: E402
+from harness import DIM, Block, run_cases  # noqa: E402
 
-DIM = 8
 Result = dict[str, Any]
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(DIM, DIM)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.fc(x))
-
-    def project(self, x: torch.Tensor) -> torch.Tensor:
-        """A second entry point, for ``register_fsdp_forward_method``."""
-        return self.fc(x)
 
 
 class Net(nn.Module):
@@ -322,15 +310,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("cases", nargs="+", choices=sorted([*CASES, *scenarios.SCENARIOS]))
     args = parser.parse_args()
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    try:
-        for name in args.cases:
-            run_case(name, args.out, rank)
-            print(f"done {name}", flush=True)
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    run_cases(args.cases, lambda name, rank: run_case(name, args.out, rank))
     return 0
 
 
