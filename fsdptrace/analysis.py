@@ -22,6 +22,7 @@ from fsdptrace.checks import (
     CHECKS,
     bypassed_unit,
     findings,
+    incomplete,
     order_instability,
     pending_all_gather,
     positions,
@@ -66,17 +67,39 @@ def _per_rank_findings(tables: RankTables, names: set[str], sigs: pd.DataFrame |
     if bypassed_unit.NAME in names:
         out.append(bypassed_unit.check_tables(tables))
     if pending_all_gather.NAME in names and tables.sizes["pending"]:
-        out.append(pending_all_gather.check(tables.frame("pending"), tables.frame("allgathers")))
+        out.append(_outside(tables, pending_all_gather.check(
+            tables.frame("pending"), tables.frame("allgathers")), "pending", whole_steps=True))
     if order_instability.NAME in names:
         out.append(order_instability.check_tables(tables, sigs))
     # Provenance checks need the whole event frame, but only when all-gathers were recorded.
     if tables.sizes["allgathers"]:
         allgathers, events = tables.frame("allgathers"), tables.frame("events")
         if wasted_prefetch.NAME in names:
-            out.append(wasted_prefetch.check(allgathers, events))
+            out.append(_outside(tables, wasted_prefetch.check(allgathers, events), "allgathers"))
         if redundant_prefetch.NAME in names:
-            out.append(redundant_prefetch.check(allgathers, events))
+            out.append(_outside(tables, redundant_prefetch.check(allgathers, events),
+                                "allgathers"))
     return findings.combine(out)
+
+
+def _outside(tables: RankTables, found: pd.DataFrame, table: str, *,
+             whole_steps: bool = False) -> pd.DataFrame:
+    """Findings outside the micro-steps (or, for boundary snapshots, optimizer steps) whose
+    ``table`` rows the writer partly lost: there a lost consume or snapshot row is no fact.
+
+    Checks 1, 2, 4 and 7 skip their gaps on the code columns (``RankTables.complete``,
+    ``bypassed_unit``); these checks build pandas frames only, so their findings are filtered.
+    """
+    ranges = tables.incomplete
+    if not len(found) or not len(ranges) or table not in set(ranges["table"]):
+        return found
+    rank, step = found["rank"].to_numpy(), found["step"].to_numpy()
+    if whole_steps:
+        lost = incomplete.in_steps(ranges, (table,), rank, step)
+    else:
+        lost = incomplete.in_micro_steps(ranges, (table,), rank, step,
+                                         found["micro_step"].to_numpy())
+    return found[~lost].reset_index(drop=True)
 
 
 def map_trace(trace: Trace, names: Iterable[str]) -> RankSummary:
@@ -168,6 +191,21 @@ def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None
     return reduce_run_dir(run_dir, summaries, names)
 
 
+def incomplete_ranges(source: str | os.PathLike[str] | Trace) -> pd.DataFrame:
+    """Where each rank's writer dropped rows: the micro-steps ``analyze`` did not check.
+
+    One row per contiguous run (``checks.incomplete.COLUMNS``: rank, table, first/last step
+    and micro-step, num_rows); empty for a run without drops. A run dir is read for its
+    markers only.
+    """
+    if isinstance(source, Trace):
+        return incomplete.parse(source.markers)
+    run_dir = Path(source)
+    reader.check_run_dir(run_dir)
+    ranks = reader.discover_ranks(run_dir)
+    return incomplete.from_arrow(reader.read_ranks(run_dir, "markers", ranks))
+
+
 def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
                    ) -> pd.DataFrame:
     """The reduce step for a run dir, re-reading only the tables of the ranks it must."""
@@ -208,5 +246,5 @@ def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
     return summaries
 
 
-__all__ = ["CHECKS", "RankSummary", "analyze", "map_rank", "map_trace", "per_rank_findings",
-           "reduce_run_dir", "reduce_summaries"]
+__all__ = ["CHECKS", "RankSummary", "analyze", "incomplete_ranges", "map_rank", "map_trace",
+           "per_rank_findings", "reduce_run_dir", "reduce_summaries"]

@@ -33,6 +33,8 @@ MARKER_OPTIMIZER_STEP = "optimizer_step"
 MARKER_CLOSE = "close"
 MARKER_CRASH = "crashed"
 MARKER_DROPPED = "dropped"
+# One per contiguous run of rows the writer dropped (detail: JSON, see ``record.dropped``).
+MARKER_DROPPED_ROWS = "dropped_rows"
 MARKER_DISABLED = "recording_disabled"
 MARKER_GRAD_SYNC = "gradient_sync"
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from fsdptrace import schema
+from fsdptrace.checks import incomplete
+from fsdptrace.render.folding import rank_ranges
 from fsdptrace.trace import Trace
 
 
@@ -63,4 +65,22 @@ def overview(trace: Trace) -> dict[str, object]:
         "time_span_s": round(span, 3),
         "clean_close": int((ranks["ended"] == "clean close").sum()),
         "dropped_rows": int(dropped["count"].sum()) if len(dropped) else 0,
+        "incomplete_steps": {str(row.rank): f"{row.steps} ({row.tables})"
+                             for row in incomplete_per_rank(incomplete.parse(trace.markers))
+                             .itertuples()},
     }
+
+
+def incomplete_per_rank(ranges: pd.DataFrame) -> pd.DataFrame:
+    """Per rank that lost rows: ``rank``, ``steps`` (``"steps 5-7"``), ``num_rows``, ``tables``
+    (``"events: 1,204 rows"``), from ``incomplete_ranges``: what summary and report print."""
+    rows = []
+    for rank, mine in ranges.groupby("rank", sort=True):
+        steps = {s for first, last in zip(mine["first_step"], mine["last_step"], strict=True)
+                 for s in range(int(first), int(last) + 1)}
+        by_table = mine.groupby("table", sort=True)["num_rows"].sum()
+        label = "step " if len(steps) == 1 else "steps "
+        rows.append({"rank": int(rank), "steps": label + rank_ranges(sorted(steps)),
+                     "num_rows": int(mine["num_rows"].sum()),
+                     "tables": ", ".join(f"{t}: {int(n):,} rows" for t, n in by_table.items())})
+    return pd.DataFrame(rows, columns=["rank", "steps", "num_rows", "tables"])

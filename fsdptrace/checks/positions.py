@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from fsdptrace.checks import incomplete
 from fsdptrace.checks.columns import Columns, first_mask, fold, lookup
 from fsdptrace.checks.order import GROUP
 
@@ -52,20 +53,12 @@ class Positions:
 
 
 def complete_positions(tables: RankTables) -> Positions:
-    """Drop stalled ranks' last micro-step (cut off, not run that way), then position."""
+    """Position the complete orders only: stalled ranks' last micro-step was cut off, and
+    micro-steps the writer lost events from are gaps, not orders the job ran."""
     events = tables.events
-    rank, step, micro = events["rank"], events["step"], events["micro_step"]
-    stalled = set(_ranks(rank)) - tables.closed
-    if stalled:
-        keep = np.ones(len(events), dtype=bool)
-        key = step * 1_000_000 + micro
-        for r in stalled:  # a handful of ranks at most
-            mine = rank == r
-            keep &= ~(mine & (key == key[mine].max()))
-        rows = np.flatnonzero(keep)
-    else:
-        rows = np.arange(len(events))
-    seq, ranks = events["seq"][rows], rank[rows]
+    keep = _complete_rows(tables)
+    rows = np.arange(len(events)) if keep is None else np.flatnonzero(keep)
+    seq, ranks = events["seq"][rows], events["rank"][rows]
     one_rank = len(_ranks(ranks)) <= 1
     in_order = len(rows) < 2 or bool(
         (seq[1:] > seq[:-1]).all() if one_rank
@@ -73,10 +66,25 @@ def complete_positions(tables: RankTables) -> Positions:
     if not in_order:
         rows = rows[np.lexsort((seq, ranks))]
     positions = Positions(events, rows, np.zeros(0, np.int64), np.zeros(0, np.int64),
-                          identity=in_order and not stalled)
+                          identity=in_order and keep is None)
     (key,) = fold([[positions.column(c)] for c in GROUP])
     positions.group, positions.position = _group_positions(key)
     return positions
+
+
+def _complete_rows(tables: RankTables) -> np.ndarray | None:
+    """Mask of events in complete orders, or None when every event is (the usual case)."""
+    events = tables.events
+    rank, step, micro = events["rank"], events["step"], events["micro_step"]
+    stalled = set(_ranks(rank)) - tables.closed
+    if not stalled and not len(tables.incomplete):
+        return None
+    keep = ~incomplete.in_micro_steps(tables.incomplete, ("events",), rank, step, micro)
+    key = step * 1_000_000 + micro
+    for r in stalled:  # a handful of ranks at most
+        mine = rank == r
+        keep &= ~(mine & (key == key[mine].max()))
+    return None if keep.all() else keep
 
 
 def _ranks(rank: np.ndarray) -> list[int]:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fsdptrace import schema
+from fsdptrace.checks import incomplete
 from fsdptrace.checks.columns import Columns, Vocab
 
 if TYPE_CHECKING:
@@ -43,6 +44,9 @@ class RankTables:
     closed: set[int]
     sizes: dict[str, int]
     frames: Callable[[str], pd.DataFrame]
+    # Micro-steps each table lost rows from (``incomplete.parse``); none on the live path,
+    # which checks the recorder's own rows of the step, not what the writer kept.
+    incomplete: pd.DataFrame = field(default_factory=incomplete.empty)
     _cache: dict[str, pd.DataFrame] = field(default_factory=dict)
 
     def frame(self, table: str) -> pd.DataFrame:
@@ -85,7 +89,8 @@ class RankTables:
         return cls(vocab=vocab, events=_events(cols("events")), prefetch=cols("prefetch"),
                    gradients=cols("gradients"), units=cols("units"),
                    closed=_closed(get("markers")), frames=get,
-                   sizes={t: len(get(t)) for t in ("pending", "allgathers")})
+                   sizes={t: len(get(t)) for t in ("pending", "allgathers")},
+                   incomplete=incomplete.parse(get("markers")))
 
     def orders(self, wanted: pd.DataFrame) -> pd.DataFrame:
         """Positioned complete orders (``order.with_positions`` rows) of the ``wanted``
@@ -119,7 +124,8 @@ class RankTables:
                    gradients=Columns.from_arrow(tables["gradients"], vocab),
                    units=Columns.from_arrow(tables["units"], vocab, ["unit"]), closed=closed,
                    frames=frames,
-                   sizes={t: tables[t].num_rows for t in ("pending", "allgathers")})
+                   sizes={t: tables[t].num_rows for t in ("pending", "allgathers")},
+                   incomplete=incomplete.from_arrow(markers))
 
 
 def _empty(table: str) -> pa.Table:

@@ -22,8 +22,7 @@ import json
 from typing import NamedTuple
 
 from fsdptrace import schema
-
-MARKER_DROPPED_ROWS = "dropped_rows"
+from fsdptrace.schema import MARKER_DROPPED_ROWS as MARKER_DROPPED_ROWS  # re-exported
 
 
 class DroppedRows(NamedTuple):

@@ -45,10 +45,22 @@ def _one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
+def dropped_lines(incomplete: pd.DataFrame) -> list[str]:
+    """One line per rank whose writer dropped rows: an OK verdict does not cover those steps."""
+    from fsdptrace.summary import incomplete_per_rank
+
+    return [f"rank {row.rank} dropped {row.num_rows:,} rows in {row.steps}: those micro-steps "
+            "were not checked" for row in incomplete_per_rank(incomplete).itertuples()]
+
+
 def render(findings: pd.DataFrame, out: TextIO, *, run_dir: str, num_ranks: int,
-           world_size: int) -> None:
+           world_size: int, incomplete: pd.DataFrame | None = None) -> None:
+    """``incomplete``: ``fsdptrace.analysis.incomplete_ranges`` of the run, if any."""
     out.write(verdict(findings, num_ranks=num_ranks, world_size=world_size) + "\n")
     out.write(f"run dir: {_one_line(run_dir)}\n")
+    if incomplete is not None and len(incomplete):
+        for line in dropped_lines(incomplete):
+            out.write(line + "\n")
     if not len(findings):
         return
     folded = fold(findings)

@@ -25,6 +25,7 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
                  fail_on: str, jobs: int, scheduler: str | None = None) -> int:
     """Analyze and render; returns the exit code (shared with ``fsdptrace record``)."""
     from fsdptrace import analyze, reader
+    from fsdptrace.analysis import incomplete_ranges
     from fsdptrace.render import as_json, markdown, text
     from fsdptrace.summary import overview
     from fsdptrace.trace import load
@@ -53,7 +54,7 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
         elif fmt == "markdown":
             markdown.render(findings, out, **context)
         else:
-            text.render(findings, out, **context)
+            text.render(findings, out, **context, incomplete=incomplete_ranges(run_dir))
     finally:
         if output:
             out.close()

@@ -24,8 +24,13 @@ def command(run_dir: Path) -> None:
     trace = load(run_dir)
     numbers = overview(trace)
     click.echo(f"run dir: {run_dir}")
+    incomplete = numbers.pop("incomplete_steps")
     for key, value in numbers.items():
         click.echo(f"{key.replace('_', ' ')}: {value}")
+    assert isinstance(incomplete, dict)
+    click.echo("incomplete steps (rows dropped):" + ("" if incomplete else " none"))
+    for rank, where in incomplete.items():
+        click.echo(f"  rank {rank}: {where}")
     click.echo(f"all-gathers: {overview_line(trace.allgathers)}")
     table = per_rank(trace)
     click.echo("")
