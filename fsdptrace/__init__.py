@@ -13,7 +13,7 @@ from fsdptrace.errors import FsdptraceError, LifecycleError, RunDirError
 from fsdptrace.version import __version__
 
 if TYPE_CHECKING:
-    from fsdptrace.analysis import analyze
+    from fsdptrace.analysis import analyze, incomplete_ranges
     from fsdptrace.record.attach import attach
     from fsdptrace.record.recorder import Recorder
     from fsdptrace.trace import Trace, load
@@ -24,6 +24,7 @@ _LAZY = {
     "load": ("fsdptrace.trace", "load"),
     "Trace": ("fsdptrace.trace", "Trace"),
     "analyze": ("fsdptrace.analysis", "analyze"),
+    "incomplete_ranges": ("fsdptrace.analysis", "incomplete_ranges"),
 }
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "__version__",
     "analyze",
     "attach",
+    "incomplete_ranges",
     "load",
 ]
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-_LIMIT = 1 << 62
+from fsdptrace.checks.keys import KEY_LIMIT, compress_keys
 
 
 class Vocab:
@@ -179,8 +179,8 @@ def fold(columns: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
             keys = [np.subtract(p, low, dtype=np.int64) for p in parts]
             bound = size
             continue
-        if bound * size >= _LIMIT:
-            keys, bound = _compress(keys)
+        if bound * size >= KEY_LIMIT:
+            keys, bound = compress_keys(keys)
         for i in range(num_tables):
             keys[i] *= size
             keys[i] += parts[i]
@@ -189,13 +189,6 @@ def fold(columns: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
         bound *= size
     assert keys is not None, "fold needs at least one column"
     return keys
-
-
-def _compress(keys: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
-    codes, uniques = pd.factorize(np.concatenate(keys))
-    bounds = np.cumsum([0] + [len(k) for k in keys])
-    return [codes[a:b].astype(np.int64) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], \
-        len(uniques)
 
 
 def _dense(keys: np.ndarray, *others: np.ndarray) -> int:

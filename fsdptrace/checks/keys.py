@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-_LIMIT = 1 << 62
+KEY_LIMIT = 1 << 62  # products of column sizes past this are re-coded densely
 
 
 def _categories(values: pd.Series) -> pd.Index:
@@ -62,14 +62,15 @@ def row_keys(frames: list[pd.DataFrame], on: list[str]) -> list[np.ndarray]:
     bound = 1
     for column in on:
         codes, size = joint_codes([f[column] for f in frames])
-        if bound * size >= _LIMIT:
-            keys, bound = _compress(keys)
+        if bound * size >= KEY_LIMIT:
+            keys, bound = compress_keys(keys)
         keys = [k * size + c for k, c in zip(keys, codes, strict=True)]
         bound *= size
     return keys
 
 
-def _compress(keys: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+def compress_keys(keys: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+    """Re-code several tables' int64 keys densely (same value, same code), so more fit."""
     codes, uniques = pd.factorize(np.concatenate(keys))
     bounds = np.cumsum([0] + [len(k) for k in keys])
     return [codes[a:b].astype(np.int64) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], \
