@@ -72,7 +72,8 @@ def render(findings: pd.DataFrame, out: TextIO, *, run_dir: str, num_ranks: int,
         out.write(f"\n[{info.severity}] {name} ({info.summary}): {total} finding(s)\n")
         for _, row in rows.head(MAX_LINES_PER_CHECK).iterrows():
             out.write(f"  - {_one_line(location(row))}\n")
-            out.write(f"      {_one_line(str(row['message']))}\n")
+            example = f" (first of {row['count']}; their numbers vary)" if row["varies"] else ""
+            out.write(f"      {_one_line(str(row['message']))}{example}\n")
         if len(rows) > MAX_LINES_PER_CHECK:
             out.write(f"  ... and {len(rows) - MAX_LINES_PER_CHECK} more "
                       "(all of them: --format json)\n")
