@@ -164,6 +164,9 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
+        # Gradient hooks already on live tensors may still fire; they must not append
+        # rows nobody will write.
+        self._recording = False
         for handle in self._handles:
             handle.remove()
         if self._optimizer_handle is not None:
