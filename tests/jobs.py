@@ -6,6 +6,7 @@ one rank, read each rank's output and always clean up what it started.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -90,6 +91,11 @@ def run_scenarios(out: Path, names: list[str], *, timeout_s: float = 180.0,
     """Record ``examples/scenarios.py`` scenarios into ``out/<name>`` on 2 ranks."""
     return run_ranks([str(EXAMPLES / "scenarios.py"), "--out", str(out), *names],
                      env=env, timeout_s=timeout_s)
+
+
+def case_result(run_dir: Path, rank: int) -> dict:
+    """What a batched job script wrote for one case and rank (``result.rank<r>.json``)."""
+    return json.loads((run_dir / f"result.rank{rank}.json").read_text())
 
 
 def assert_ok(results: list[RankResult]) -> None:

@@ -7,14 +7,13 @@ FSDP's real all-gathers per unit by wrapping ``foreach_all_gather`` itself, so t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 import fsdptrace
-from tests.jobs import assert_ok, run_ranks
+from tests.jobs import assert_ok, case_result, run_ranks
 from tests.jobs_scripts.provenance_cases import DIM, MICRO_STEPS, STEPS
 from tests.jobs_scripts.tables import read_table, rows_of
 
@@ -34,10 +33,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def result(run_dir: Path, rank: int) -> dict:
-    return json.loads((run_dir / f"result.rank{rank}.json").read_text())
-
-
 def where(findings: pd.DataFrame, check: str) -> set[tuple]:
     rows = findings[findings["check"] == check]
     return rows_of(rows, "rank", "step", "micro_step", "phase", "unit", "target")
@@ -49,7 +44,8 @@ def test_issues_are_the_all_gathers_fsdp_ran(runs: Path, case: str) -> None:
     table = read_table(runs / case, "allgathers")
     for rank in RANKS:
         issues = table[(table["rank"] == rank) & (table["event"] == "issue")]
-        assert issues["unit"].value_counts().to_dict() == result(runs / case, rank)["all_gathers"]
+        counted = case_result(runs / case, rank)["all_gathers"]
+        assert issues["unit"].value_counts().to_dict() == counted
 
 
 def test_every_issue_is_consumed_or_dropped_once(runs: Path) -> None:
@@ -116,7 +112,7 @@ def test_manual_unshard_before_step_is_pending_with_its_issuer(runs: Path) -> No
 
 def test_wrappers_are_removed_on_close(runs: Path) -> None:
     for rank in RANKS:
-        observed = result(runs / "clean-chained", rank)
+        observed = case_result(runs / "clean-chained", rank)
         assert observed["wrapped_while_attached"] == 5  # root, embeddings, three layers
         assert observed["wrapped_after_close"] == 0
 

@@ -6,7 +6,6 @@ group start costs seconds); each test then checks one thing the issue "Recorder"
 
 from __future__ import annotations
 
-import json
 from itertools import pairwise
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fsdptrace import schema
-from tests.jobs import assert_ok, run_ranks
+from tests.jobs import assert_ok, case_result, run_ranks
 from tests.jobs_scripts.tables import marker_kinds, orders, read_table, rows_of
 
 pytestmark = pytest.mark.slow
@@ -48,10 +47,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("recorder")
     assert_ok(run_ranks([SCRIPT, "--out", str(out), *CASES], timeout_s=180))
     return out
-
-
-def result(run_dir: Path, rank: int) -> dict:
-    return json.loads((run_dir / f"result.rank{rank}.json").read_text())
 
 
 def expected_orders(
@@ -173,7 +168,7 @@ def test_accumulation_without_sync_keeps_gradients_visible(runs: Path) -> None:
     root = gradients[gradients["unit"] == "<root>"]
     assert root["has_grad"].all() and set(root["grad_source"]) == {"sharded"}
     for rank in RANKS:
-        assert all(result(runs / "no-sync-boundary", rank)["layer_param_grad_is_none"])
+        assert all(case_result(runs / "no-sync-boundary", rank)["layer_param_grad_is_none"])
     synced_first_micro_off = read_table(runs / "clean-checkpoint-accumulation", "gradients")
     assert synced_first_micro_off["has_grad"].groupby(
         synced_first_micro_off["unit"] != "adapter"
@@ -289,8 +284,8 @@ def test_backend_failure_warns_once_and_training_is_unchanged(
 ) -> None:
     """A read that raises disables recording on that rank; the job never notices."""
     for rank in RANKS:
-        healthy = result(runs / "healthy-backend", rank)
-        failed = result(runs / case, rank)
+        healthy = case_result(runs / "healthy-backend", rank)
+        failed = case_result(runs / case, rank)
         assert failed["losses"] == healthy["losses"] and len(failed["losses"]) == 4
         assert healthy["warnings"] == []
         assert len(failed["warnings"]) == 1 and what in failed["warnings"][0]

@@ -71,35 +71,21 @@ class TraceBuilder:
 
     def run(self, rank: int, step: int, micro_step: int, phase: str, order: list[str]) -> None:
         for name in order:
-            seq = self._next(rank)
             self.rows["events"].append(
-                dict(
-                    rank=rank,
-                    seq=seq,
-                    t_ns=seq * 1000,
-                    step=step,
-                    micro_step=micro_step,
-                    phase=phase,
-                    unit=name,
-                )
+                dict(self._stamp(rank, step, micro_step), phase=phase, unit=name)
             )
 
     def marker(
         self, rank: int, step: int, micro_step: int, kind: str, *, count: int = 0, detail: str = ""
     ) -> None:
-        seq = self._next(rank)
         self.rows["markers"].append(
-            dict(
-                rank=rank,
-                seq=seq,
-                t_ns=seq * 1000,
-                step=step,
-                micro_step=micro_step,
-                kind=kind,
-                count=count,
-                detail=detail,
-            )
+            dict(self._stamp(rank, step, micro_step), kind=kind, count=count, detail=detail)
         )
+
+    def _stamp(self, rank: int, step: int, micro_step: int) -> dict:
+        """Where and when a row happened: the next seq of the rank, a clock derived from it."""
+        seq = self._next(rank)
+        return dict(rank=rank, seq=seq, t_ns=seq * 1000, step=step, micro_step=micro_step)
 
     def edges(
         self,
