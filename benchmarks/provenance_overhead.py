@@ -3,8 +3,8 @@
 One rank by default (``--ranks 2`` for two) on CPU/gloo, spawned here: a stack of
 ``fully_shard`` units with explicit one-ahead prefetch, 2 micro-steps per optimizer step.
 Three variants take turns in one job (rotating order, repeated): no recording, the
-recorder with provenance switched off (this script swaps ``provenance.install`` for a no-op;
-the package is not touched), and the full recorder. The figure is (variant - no recording)
+recorder with provenance switched off (this script swaps the backend's ``install_provenance``
+for a no-op; the package is not touched), and the full recorder. The figure is (variant - no recording)
 / (units x micro-steps), min and median over repetitions.
 Step times on a shared machine are noisy, so the script also times one wrapped ``unshard()``
 against the plain one (interleaved, min of 5 x 20000 calls) and multiplies by the recorded
@@ -48,18 +48,18 @@ def _steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Te
 def _run_variant(variant: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  x: torch.Tensor, num_steps: int, run_dir: str) -> float:
     import fsdptrace
-    from fsdptrace.record import provenance
+    from fsdptrace.record.backends.fsdp2.units import FSDP2Backend
 
     if variant == "off":
         return _steps(model, optimizer, x, num_steps)
-    original = provenance.install
+    original = FSDP2Backend.install_provenance
     if variant == "recorder":
-        provenance.install = lambda rec: []  # type: ignore[assignment]
+        FSDP2Backend.install_provenance = lambda self, rec: []  # type: ignore[method-assign]
     try:
         with fsdptrace.attach(model, run_dir=run_dir, optimizer=optimizer):
             return _steps(model, optimizer, x, num_steps)
     finally:
-        provenance.install = original  # type: ignore[assignment]
+        FSDP2Backend.install_provenance = original  # type: ignore[method-assign]
 
 
 def _per_call_cost(model: torch.nn.Module, optimizer: torch.optim.Optimizer,

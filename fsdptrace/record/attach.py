@@ -47,7 +47,7 @@ def select_backend(parts: Sequence[nn.Module]) -> Backend:
 
     if has_hsdp_units(parts):
         return HSDPBackend()
-    from fsdptrace.record.backends.fsdp2 import FSDP2Backend, has_fsdp2_units
+    from fsdptrace.record.backends.fsdp2.units import FSDP2Backend, has_fsdp2_units
 
     if not has_fsdp2_units(parts):
         raise FsdptraceError(

@@ -28,6 +28,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from fsdptrace.errors import LifecycleError
+from fsdptrace.record.backends.fsdp2 import roots
 
 if TYPE_CHECKING:
     import torch.nn as nn
@@ -136,17 +137,9 @@ def _disable(reason: str) -> None:
 
 
 # --------------------------------------------------------------------- forward: find the root
-def _fsdp_module_class() -> type | None:
-    # No FSDPModule can exist before fully_shard's package is imported; importing it here,
-    # in every module call of a job that does not use FSDP, would cost that job.
-    if "torch.distributed.fsdp" not in sys.modules:
-        return None
-    return getattr(sys.modules["torch.distributed.fsdp"], "FSDPModule", None)
-
-
 def _module_forward_pre_hook(module: nn.Module, args: Any) -> None:
     try:
-        fsdp_module = _fsdp_module_class()
+        fsdp_module = roots.fsdp_module_class()
         if fsdp_module is None or not isinstance(module, fsdp_module):
             return
         _on_fsdp_forward(module)
@@ -155,18 +148,10 @@ def _module_forward_pre_hook(module: nn.Module, args: Any) -> None:
 
 
 def _on_fsdp_forward(module: nn.Module) -> None:
-    import torch
-
     from fsdptrace.record import registry
 
-    # Eval and no-grad warm-up forwards are not recorded anyway: waiting for the first
-    # training forward lets a script attach explicitly after its warm-up without leaving an
-    # automatic recording behind. Recompute runs inside backward, never a first forward.
-    if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
+    if not roots.is_root_training_forward(module):
         return
-    state = getattr(module, "_get_fsdp_state", lambda: None)()
-    if getattr(state, "_is_root", None) is False:
-        return  # a unit inside a root FSDP already initialised: run outside that root
     _stop_watching_forwards()
     if registry.recorder_of(module) is not None:
         return  # the script attached explicitly

@@ -27,8 +27,6 @@ from fsdptrace.record.writer import int_column, yield_gil
 if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder
 
-_graph_task_id = torch._C._current_graph_task_id
-
 
 def event_columns(unit_names: list[str]) -> Callable[[list[tuple]], dict[str, Any]]:
     """Events are stored with unit and phase as codes; decode them into dictionary arrays.
@@ -120,9 +118,11 @@ def _watch_backward_begin(rec: Recorder, index: int, tensors: list[torch.Tensor]
 
 
 def _make_part_pre(rec: Recorder, part: int) -> Callable[..., None]:
+    in_backward = rec.backend.in_backward
+
     def part_forward_pre_hook(module: Any, args: Any) -> None:
         try:
-            if _graph_task_id() == -1:
+            if not in_backward():
                 rec.on_part_forward(part)
         except Exception as error:
             rec.disable(f"part pre-hook failed: {type(error).__name__}: {error}")
@@ -148,18 +148,18 @@ def install(rec: Recorder) -> list[Any]:
 
 
 def _install_provenance(rec: Recorder) -> list[Any]:
-    from fsdptrace.record import provenance
-
     try:
-        return provenance.install(rec)
+        return rec.backend.install_provenance(rec)
     except Exception as error:
         rec.disable(f"cannot record all-gather provenance: {error}")
         return []
 
 
 def _patch_methods(rec: Recorder, unit: Any, pre: Callable, post: Callable) -> Any:
+    in_backward = rec.backend.in_backward
+
     def on_pre(module: Any) -> None:
-        if unit.is_root and _graph_task_id() == -1:
+        if unit.is_root and not in_backward():
             rec.on_part_forward(unit.part)
         pre(module, ())
 

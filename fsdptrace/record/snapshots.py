@@ -6,7 +6,7 @@ presence and pending all-gathers are read right before ``optimizer.step()``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fsdptrace import schema
 
@@ -29,8 +29,8 @@ def record_prefetch_if_changed(rec: Recorder) -> None:
     costs ~5 µs per unit, so a backend that can hand over its raw target lists
     (``prefetch_key``) is asked first, and names are resolved only when those lists changed.
     """
-    backend: Any = rec.backend  # prefetch_key/freeze_prefetch_key are optional extras
-    key = backend.prefetch_key(rec.units) if hasattr(backend, "prefetch_key") else None
+    backend = rec.backend
+    key = backend.prefetch_key(rec.units)
     if key is not None and key == rec._prefetch_key:
         return
     rec._prefetch_key = None if key is None else backend.freeze_prefetch_key(key)

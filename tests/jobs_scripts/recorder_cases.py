@@ -27,7 +27,7 @@ from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 import fsdptrace
 from fsdptrace.record import writer as writer_module
-from fsdptrace.record.backends.fsdp2 import FSDP2Backend
+from fsdptrace.record.backends.fsdp2.units import FSDP2Backend
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))

@@ -2,17 +2,21 @@
 
 FSDP2 and HSDP frameworks differ in *where* they keep prefetch targets, pending all-gathers
 and gradients, not in *what* the recorder asks of them. A backend finds the units of the model
-parts and answers four questions about a unit at a given moment; the recorder does the rest
-(hooks, step bookkeeping, buffering, writing).
+parts, answers questions about a unit at a given moment, and wraps what only it knows how to
+wrap (all-gather provenance); the recorder does the rest (hooks, step bookkeeping, buffering,
+writing). Every private attribute of an FSDP implementation is read inside its backend.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch.nn as nn
+
+if TYPE_CHECKING:
+    from fsdptrace.record.recorder import Recorder
 
 
 @dataclass
@@ -67,6 +71,17 @@ class Backend(Protocol):
         """The names of the units ``unit`` is configured to prefetch in ``phase``."""
         ...
 
+    def prefetch_key(self, units: Sequence[Unit]) -> Any:
+        """Every unit's raw prefetch targets, cheap to compare with ``==``; None: always changed.
+
+        Lets the per-micro-step edge check skip resolving names when nothing changed.
+        """
+        ...
+
+    def freeze_prefetch_key(self, key: Any) -> Any:
+        """A copy of a ``prefetch_key`` answer that later edits of the lists cannot change."""
+        ...
+
     def gradients(self, unit: Unit) -> list[GradientPresence]:
         """For each managed parameter of ``unit``: does it hold a gradient, and where."""
         ...
@@ -79,6 +94,14 @@ class Backend(Protocol):
         """True while activation-checkpoint recompute re-runs forward inside backward."""
         ...
 
+    def in_backward(self) -> bool:
+        """True while this thread runs a backward pass: a part's forward now is recompute."""
+        ...
+
+    def install_provenance(self, rec: Recorder) -> list[InstanceAttributePatch]:
+        """Record who issues and who consumes each all-gather (``allgathers``); [] if unknown."""
+        ...
+
     def patch_forward_methods(
         self, unit: Unit, on_pre: Any, on_post: Any
     ) -> InstanceAttributePatch | None:
@@ -87,15 +110,22 @@ class Backend(Protocol):
 
 
 class InstanceAttributePatch:
-    """Undo instance attributes that shadow class methods (``remove()`` like a hook handle)."""
+    """Undo instance attributes that shadow class methods (``remove()`` like a hook handle).
+
+    Made right after the attributes are set, it removes only those still set to what it saw:
+    a tool that wrapped one of ours later keeps its wrapper (ours inside it must then pass
+    calls through once recording stops).
+    """
 
     def __init__(self, obj: Any, names: tuple[str, ...]) -> None:
         self.obj = obj
-        self.names = names
+        self.installed = {name: obj.__dict__.get(name) for name in names}
 
     def remove(self) -> None:
-        for name in self.names:
-            self.obj.__dict__.pop(name, None)
+        attributes = self.obj.__dict__
+        for name, ours in self.installed.items():
+            if attributes.get(name) is ours:
+                del attributes[name]
 
 
 def unit_name(part: int, fqn: str, *, num_parts: int) -> str:

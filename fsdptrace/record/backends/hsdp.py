@@ -10,8 +10,9 @@ imports the framework; every read is a ``getattr`` with a default.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.nn as nn
 
 from fsdptrace.record.backends.base import (
@@ -22,6 +23,9 @@ from fsdptrace.record.backends.base import (
     unit_name,
     untracked_name,
 )
+
+if TYPE_CHECKING:
+    from fsdptrace.record.recorder import Recorder
 
 _CELLS_ATTR = {"forward": "forward_prefetch_cells", "backward": "backward_prefetch_cells"}
 _GRAD_SOURCES = (
@@ -77,6 +81,12 @@ class HSDPBackend:
         cells = getattr(unit.handle, _CELLS_ATTR[phase], ()) or ()
         return [self._name_by_module.get(id(cell), untracked_name(cell)) for cell in cells]
 
+    def prefetch_key(self, units: Sequence[Unit]) -> None:
+        return None  # cells are resolved to names at every check
+
+    def freeze_prefetch_key(self, key: Any) -> Any:
+        return key
+
     def gradients(self, unit: Unit) -> list[GradientPresence]:
         rows = []
         for index, hsdp_param in enumerate(_hsdp_params(unit)):
@@ -114,6 +124,12 @@ class HSDPBackend:
     def is_recompute(self, unit: Unit) -> bool:
         ctx = getattr(unit.handle, "scheduler_ctx", None)
         return bool(getattr(ctx, "root_bp_state", False))
+
+    def in_backward(self) -> bool:
+        return bool(torch._C._current_graph_task_id() != -1)
+
+    def install_provenance(self, rec: Recorder) -> list[InstanceAttributePatch]:
+        return []  # no all-gather provenance for HSDP yet
 
     def patch_forward_methods(
         self, unit: Unit, on_pre: Any, on_post: Any

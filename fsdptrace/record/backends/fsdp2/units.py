@@ -1,4 +1,4 @@
-"""Torch FSDP2 (``fully_shard``) backend.
+"""Torch FSDP2 (``fully_shard``) backend: units, prefetch edges, gradients, pending gathers.
 
 FSDP2 has setters for prefetch but no getters, so this module reads private attributes
 (``_states_to_forward_prefetch``, ``_fsdp_param_groups``, ``_all_gather_result``,
@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -25,12 +25,18 @@ from fsdptrace.record.backends.base import (
     unit_name,
     untracked_name,
 )
+from fsdptrace.record.backends.fsdp2 import provenance
+from fsdptrace.record.backends.fsdp2.state import fsdp_state, param_groups
+
+if TYPE_CHECKING:
+    from fsdptrace.record.recorder import Recorder
 
 try:
     from torch.distributed.fsdp import FSDPModule
 except ImportError:  # torch < 2.6 kept FSDP2 under _composable
     from torch.distributed._composable.fsdp import FSDPModule  # type: ignore[no-redef]
 
+_graph_task_id = torch._C._current_graph_task_id
 _PREFETCH_ATTR = {
     "forward": "_states_to_forward_prefetch",
     "backward": "_states_to_backward_prefetch",
@@ -52,20 +58,6 @@ class _Answers(dict[tuple[bool, str], GradientPresence]):
     def __missing__(self, source: tuple[bool, str]) -> GradientPresence:
         self[source] = presence = GradientPresence(self.label, *source)
         return presence
-
-
-def _fsdp_state(module: Any) -> Any:
-    getter = getattr(module, "_get_fsdp_state", None)
-    return getter() if getter is not None else None
-
-
-def param_groups(state: Any) -> list[Any]:
-    """The state's parameter groups, across the single-group and list layouts of torch."""
-    groups = getattr(state, "_fsdp_param_groups", None)
-    if groups is not None:
-        return list(groups)
-    group = getattr(state, "__dict__", {}).get("_fsdp_param_group")
-    return [group] if group is not None else []
 
 
 def _param_label(fsdp_param: Any, index: int, names: list[str]) -> str:
@@ -215,7 +207,13 @@ class FSDP2Backend:
 
     def is_recompute(self, unit: Unit) -> bool:
         # FSDP's own is_bw(): the unit's training state is not reliable inside checkpoint regions.
-        return bool(torch._C._current_graph_task_id() != -1)
+        return bool(_graph_task_id() != -1)
+
+    def in_backward(self) -> bool:
+        return bool(_graph_task_id() != -1)
+
+    def install_provenance(self, rec: Recorder) -> list[InstanceAttributePatch]:
+        return provenance.install(rec)
 
     def patch_forward_methods(
         self, unit: Unit, on_pre: Any, on_post: Any
@@ -271,7 +269,7 @@ def _states_of(part: nn.Module, *, skip: dict[int, str]
     members: dict[int, list[tuple[str, nn.Module]]] = {}
     states: dict[int, Any] = {}
     for fqn, module in part.named_modules():
-        state = _fsdp_state(module) if isinstance(module, FSDPModule) else None
+        state = fsdp_state(module) if isinstance(module, FSDPModule) else None
         if state is None or id(state) in skip:
             continue
         states[id(state)] = state

@@ -1,0 +1,10 @@
+"""Torch FSDP2 (``fully_shard``): every private attribute or method the recorder reads or wraps.
+
+- ``units``: the ``Backend`` itself (units, prefetch edges, gradients, pending all-gathers);
+- ``provenance``: wrappers on each parameter group that record who issued each all-gather;
+- ``roots``: zero-code mode's test for a training forward entering an FSDP2 root;
+- ``state``: where FSDP2 keeps a module's state and its parameter groups.
+
+Nothing is imported here: ``roots`` runs in every process ``fsdptrace record`` starts, before
+the script may import torch.
+"""
