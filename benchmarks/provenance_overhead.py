@@ -4,8 +4,8 @@ One rank by default (``--ranks 2`` for two) on CPU/gloo, spawned here: a stack o
 ``fully_shard`` units with explicit one-ahead prefetch, 2 micro-steps per optimizer step.
 Three variants take turns in one job (rotating order, repeated): no recording, the
 recorder with provenance switched off (this script swaps the backend's ``install_provenance``
-for a no-op; the package is not touched), and the full recorder. The figure is (variant - no recording)
-/ (units x micro-steps), min and median over repetitions.
+for a no-op; the package is not touched), and the full recorder. The figure is
+(variant - no recording) / (units x micro-steps), min and median over repetitions.
 Step times on a shared machine are noisy, so the script also times one wrapped ``unshard()``
 against the plain one (interleaved, min of 5 x 20000 calls) and multiplies by the recorded
 calls per unit per micro-step: the stable figure.

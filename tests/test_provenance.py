@@ -19,7 +19,10 @@ from tests.jobs_scripts.tables import read_table, rows_of
 
 pytestmark = pytest.mark.slow
 
-CASES = ["clean-chained", "embed-twice", "redundant-prefetch", "manual-unshard"]
+WRAPPED = [f"wrapped-{level}-{when}" for level in ("class", "instance", "prefetch")
+           for when in ("before", "after")]
+CASES = ["clean-chained", "embed-twice", "redundant-prefetch", "manual-unshard",
+         "direct-group-unshard", *WRAPPED]
 SCRIPT = "tests/jobs_scripts/provenance_cases.py"
 RANKS = (0, 1)
 PASSES = {(r, s, m) for r in RANKS for s in range(STEPS) for m in range(MICRO_STEPS)}
@@ -29,7 +32,7 @@ LINEAR_BYTES = (DIM * DIM + DIM) * 4  # one Block's Linear(DIM, DIM), float32
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("provenance")
-    assert_ok(run_ranks([SCRIPT, "--out", str(out), *CASES], timeout_s=240))
+    assert_ok(run_ranks([SCRIPT, "--out", str(out), *CASES], timeout_s=300))
     return out
 
 
@@ -127,3 +130,43 @@ def test_summaries(runs: Path) -> None:
     held = trace.bytes_held()
     assert held.groupby("rank")["rank_held_bytes"].last().eq(0).all()
     assert held["held_bytes"].min() == 0
+
+
+def issuers(table: pd.DataFrame) -> list[tuple]:
+    """Every recorded ``unshard`` call, in order per rank, with its issuer (no times, no seqs)."""
+    calls = table[table["event"].isin(["issue", "noop"])].sort_values(["rank", "seq"])
+    columns = ["rank", "step", "micro_step", "phase", "unit", "event", "issuer_kind",
+               "issuer_unit"]
+    return list(calls[columns].astype(str).itertuples(index=False, name=None))
+
+
+@pytest.mark.parametrize("case", WRAPPED)
+def test_pass_through_wrappers_change_no_attribution(runs: Path, case: str) -> None:
+    """Another tool's pass-through wrapper, on the class or the instance, installed before or
+    after attach: the same issuers, the same wasted prefetch, and the wrapper still runs."""
+    plain = read_table(runs / "embed-twice", "allgathers")
+    wrapped = read_table(runs / case, "allgathers")
+    assert issuers(wrapped) == issuers(plain)
+    findings = fsdptrace.analyze(runs / case)
+    assert where(findings, "wasted-prefetch") == {
+        (r, s, m, "forward", "tok_embeddings", "layers.0") for r, s, m in PASSES}
+    for rank in RANKS:
+        observed = case_result(runs / case, rank)
+        calls = wrapped[(wrapped["rank"] == rank) & wrapped["event"].isin(["issue", "noop"])]
+        if "prefetch" in case:
+            calls = calls[calls["issuer_kind"].isin(["prefetch", "implicit"])]
+        assert observed["wrapper_calls"] == len(calls) > 0
+        assert observed["warnings"] == []
+        assert observed["theirs_kept_after_close"] is ("instance" in case or None)
+
+
+def test_gather_from_no_known_path_is_other_with_one_warning(runs: Path) -> None:
+    """A script calling a group's ``unshard()`` itself: issuer ``other``, said once per rank."""
+    table = read_table(runs / "direct-group-unshard", "allgathers")
+    other = table[table["issuer_kind"] == "other"]
+    assert rows_of(other, "rank", "step", "unit", "event") == {
+        (r, s, "layers.1", "issue") for r in RANKS for s in range(STEPS)}
+    for rank in RANKS:
+        (warning,) = case_result(runs / "direct-group-unshard", rank)["warnings"]
+        assert f"rank {rank}: an all-gather of layers.1 came from <lambda>" in warning
+        assert "provenance_cases.py" in warning and "issuer 'other'" in warning

@@ -9,8 +9,10 @@ the recorder), so tests can compare what was recorded with what happened.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +23,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
 import fsdptrace
 
@@ -96,12 +99,15 @@ def count_all_gathers(net: Net) -> Callable[[], dict[str, int]]:
     return done
 
 
-def train(net: Net, run_dir: Path, *, before_step: Callable[[], None] | None = None) -> Result:
+def train(net: Net, run_dir: Path, *, before_step: Callable[[], None] | None = None,
+          after_attach: Callable[[], None] | None = None) -> Result:
     optimizer = torch.optim.AdamW(net.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(dist.get_rank())
     counted = count_all_gathers(net)
     losses = []
     with fsdptrace.attach(net, run_dir=run_dir, optimizer=optimizer):
+        if after_attach is not None:
+            after_attach()
         wrapped_while_attached = num_wrapped(net)
         for _ in range(STEPS):
             for _ in range(MICRO_STEPS):
@@ -118,11 +124,15 @@ def train(net: Net, run_dir: Path, *, before_step: Callable[[], None] | None = N
             "wrapped_after_close": num_wrapped(net)}
 
 
+def param_groups_of(net: Net) -> list[Any]:
+    groups = {id(g): g for m in net.modules() if hasattr(m, "_get_fsdp_state")
+              for g in m._get_fsdp_state()._fsdp_param_groups}
+    return list(groups.values())
+
+
 def num_wrapped(net: Net) -> int:
     """Parameter groups carrying instance-level method wrappers (the recorder's, if any)."""
-    groups = [g for m in net.modules() if hasattr(m, "_get_fsdp_state")
-              for g in m._get_fsdp_state()._fsdp_param_groups]
-    return sum("unshard" in g.__dict__ for g in set(groups))
+    return sum("unshard" in g.__dict__ for g in param_groups_of(net))
 
 
 def case_clean_chained(run_dir: Path) -> Result:
@@ -153,11 +163,80 @@ def case_manual_unshard(run_dir: Path) -> Result:
     return train(net, run_dir, before_step=lambda: net.layers[1].unshard())
 
 
+def passthrough(fn: Callable[..., Any], calls: Counter[str]) -> Callable[..., Any]:
+    """What memory trackers and profilers install: count the call, change nothing."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls["calls"] += 1
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def embed_twice_wrapped(run_dir: Path, *, level: str, when: str) -> Result:
+    """The embed-twice job with another tool's pass-through wrapper of FSDP's ``unshard``.
+
+    ``level``: ``class`` (``FSDPParamGroup.unshard``), ``instance`` (each group's attribute)
+    or ``prefetch`` (the class's static ``_prefetch_unshard``); ``when``: before or after
+    ``attach``. The class is restored when the case ends.
+    """
+    net = sharded_net(embed_twice=True)
+    chain(net)
+    calls: Counter[str] = Counter()
+    groups = param_groups_of(net)
+    theirs: dict[int, Any] = {}
+    saved = {name: FSDPParamGroup.__dict__[name] for name in ("unshard", "_prefetch_unshard")}
+
+    def install() -> None:
+        if level == "class":
+            FSDPParamGroup.unshard = passthrough(FSDPParamGroup.unshard, calls)
+        elif level == "prefetch":
+            FSDPParamGroup._prefetch_unshard = staticmethod(  # type: ignore[method-assign]
+                passthrough(FSDPParamGroup._prefetch_unshard, calls))
+        else:
+            for group in groups:
+                theirs[id(group)] = group.unshard = passthrough(group.unshard, calls)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            if when == "before":
+                install()
+            result = train(net, run_dir, after_attach=install if when == "after" else None)
+        finally:
+            for name, value in saved.items():
+                setattr(FSDPParamGroup, name, value)
+    result["wrapper_calls"] = calls["calls"]
+    result["theirs_kept_after_close"] = all(
+        g.__dict__.get("unshard") is theirs[id(g)] for g in groups) if theirs else None
+    result["warnings"] = [str(w.message) for w in caught if "fsdptrace" in str(w.message)]
+    return result
+
+
+def case_direct_group_unshard(run_dir: Path) -> Result:
+    """A script calls a parameter group's ``unshard()`` itself: no FSDP2 path issued it."""
+    net = sharded_net()
+    chain(net)
+    group = net.layers[1]._get_fsdp_state()._fsdp_param_groups[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train(net, run_dir, before_step=lambda: group.unshard())
+    result["warnings"] = [str(w.message) for w in caught if "fsdptrace" in str(w.message)]
+    return result
+
+
+WRAPPED = {f"wrapped-{level}-{when}": functools.partial(embed_twice_wrapped, level=level,
+                                                        when=when)
+           for level in ("class", "instance", "prefetch") for when in ("before", "after")}
+
 CASES: dict[str, Callable[[Path], Result]] = {
     "clean-chained": case_clean_chained,
     "embed-twice": case_embed_twice,
     "redundant-prefetch": case_redundant_prefetch,
     "manual-unshard": case_manual_unshard,
+    "direct-group-unshard": case_direct_group_unshard,
+    **WRAPPED,
 }
 
 

@@ -110,22 +110,33 @@ class Backend(Protocol):
 
 
 class InstanceAttributePatch:
-    """Undo instance attributes that shadow class methods (``remove()`` like a hook handle).
+    """Instance attributes that shadow methods, set now and undone by ``remove()``.
 
-    Made right after the attributes are set, it removes only those still set to what it saw:
-    a tool that wrapped one of ours later keeps its wrapper (ours inside it must then pass
-    calls through once recording stops).
+    Other tools wrap the same methods. One whose instance-level wrapper was there first gets
+    it back on ``remove()``; one that wrapped ours later keeps its wrapper (ours inside it
+    must then pass calls through once recording stops).
     """
 
-    def __init__(self, obj: Any, names: tuple[str, ...]) -> None:
+    def __init__(self, obj: Any, replacements: dict[str, Any]) -> None:
         self.obj = obj
-        self.installed = {name: obj.__dict__.get(name) for name in names}
+        self.previous = {name: obj.__dict__.get(name, _ABSENT) for name in replacements}
+        self.installed = dict(replacements)
+        for name, value in replacements.items():
+            setattr(obj, name, value)
 
     def remove(self) -> None:
         attributes = self.obj.__dict__
         for name, ours in self.installed.items():
-            if attributes.get(name) is ours:
+            if attributes.get(name) is not ours:
+                continue
+            previous = self.previous[name]
+            if previous is _ABSENT:
                 del attributes[name]
+            else:
+                attributes[name] = previous
+
+
+_ABSENT = object()
 
 
 def unit_name(part: int, fqn: str, *, num_parts: int) -> str:

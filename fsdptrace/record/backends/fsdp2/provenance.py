@@ -206,15 +206,15 @@ def install(rec: Recorder) -> list[InstanceAttributePatch]:
 
 def _wrap_group(prov: Provenance, unit: int, group_index: int, group: Any
                 ) -> InstanceAttributePatch:
-    group.unshard = _wrap_unshard(prov, unit, group_index, group)
-    group.wait_for_unshard = _wrap_clear(prov, unit, group_index, group, "wait_for_unshard",
-                                         CONSUME, -1)
-    group.finalize_backward = _wrap_clear(prov, unit, group_index, group, "finalize_backward",
-                                          DROP, FINALIZE)
-    group._reset_iter_state = _wrap_clear(prov, unit, group_index, group, "_reset_iter_state",
-                                          DROP, RESET)
-    return InstanceAttributePatch(
-        group, ("unshard", "wait_for_unshard", "finalize_backward", "_reset_iter_state"))
+    return InstanceAttributePatch(group, {
+        "unshard": _wrap_unshard(prov, unit, group_index, group),
+        "wait_for_unshard": _wrap_clear(prov, unit, group_index, group, "wait_for_unshard",
+                                        CONSUME, -1),
+        "finalize_backward": _wrap_clear(prov, unit, group_index, group, "finalize_backward",
+                                         DROP, FINALIZE),
+        "_reset_iter_state": _wrap_clear(prov, unit, group_index, group, "_reset_iter_state",
+                                         DROP, RESET),
+    })
 
 
 def _behind(group: Any, name: str) -> Callable[..., Any]:

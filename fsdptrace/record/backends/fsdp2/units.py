@@ -240,9 +240,8 @@ class FSDP2Backend:
             on_post(module, output)
             return original_post(module, args, output)
 
-        state._pre_forward = pre_forward
-        state._post_forward = post_forward
-        return InstanceAttributePatch(state, ("_pre_forward", "_post_forward"))
+        return InstanceAttributePatch(
+            state, {"_pre_forward": pre_forward, "_post_forward": post_forward})
 
 
 def _grad_source(fsdp_param: Any) -> tuple[bool, str]:
