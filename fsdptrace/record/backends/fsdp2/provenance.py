@@ -59,8 +59,9 @@ ISSUER_KINDS = ("own", "prefetch", "implicit", "manual", "other", "recompute")
 OWN, PREFETCH, IMPLICIT, MANUAL, OTHER, RECOMPUTE = range(6)
 DETAILS = ("pending", "unsharded", "skipped", "finalize_backward", "reset_iter_state")
 PENDING, UNSHARDED, SKIPPED, FINALIZE, RESET = range(5)
-# Pass-through wrappers add one or two frames each; a deeper foreign stack is not a wrapper.
-MAX_FOREIGN_FRAMES = 8
+# A pass-through wrapper adds a frame or two (torch's FSDPMemTracker, functools.wraps
+# decorators); two tools stacked, four. Deeper foreign code is the caller, not a wrapper.
+MAX_FOREIGN_FRAMES = 4
 
 _graph_task_id = torch._C._current_graph_task_id
 _PREFETCH_FRAME = -1  # ``_prefetch_unshard``: the issuer is the next FSDP2 frame further out
@@ -114,7 +115,11 @@ class Provenance:
 
     def issuer(self, frame: FrameType | None, unit: int, backward: bool) -> tuple[int, int]:
         """(issuer kind, issuer unit index or -1) for an ``unshard`` called from ``frame``."""
-        kind, fsdp_frame = self.fsdp2_caller(frame)
+        # Most calls come straight from FSDP2: one lookup, no walk.
+        kind = self._codes.get(frame.f_code, _FOREIGN) if frame is not None else _FOREIGN
+        fsdp_frame = frame
+        if kind == _FOREIGN:
+            kind, fsdp_frame = self.fsdp2_caller(frame)
         if kind == _FORWARD_OWN:
             return (RECOMPUTE if backward else OWN), unit
         if kind in (OWN, MANUAL):
@@ -217,35 +222,32 @@ def _wrap_group(prov: Provenance, unit: int, group_index: int, group: Any
     })
 
 
-def _behind(group: Any, name: str) -> Callable[..., Any]:
-    """What a wrapper of ``group.<name>`` calls: what was there before it, looked up late.
+def _earlier(group: Any, name: str) -> Callable[..., Any] | None:
+    """Another tool's instance-level wrapper of ``group.<name>`` found at attach, or None.
 
-    Another tool's instance-level wrapper found now is called as is; otherwise the class
-    attribute is looked up at each call, so a class-level wrapper installed after attach runs
-    too (binding it now would skip it silently).
+    A wrapper calls it if there is one, else the class attribute looked up at each call, so
+    a class-level wrapper installed after attach runs too (binding it now would skip it).
     """
-    instance_level = group.__dict__.get(name)
-    if instance_level is not None:
-        return instance_level  # type: ignore[no-any-return]
-    cls = type(group)
-
-    def from_class(*args: Any, **kwargs: Any) -> Any:
-        return getattr(cls, name)(group, *args, **kwargs)
-
-    return from_class
+    return group.__dict__.get(name)  # type: ignore[no-any-return]
 
 
 def _wrap_unshard(prov: Provenance, unit: int, group_index: int, group: Any
                   ) -> Callable[..., Any]:
     """``unshard`` recording issue/noop; the caller's frame is read only when recording."""
     rec = prov.rec
-    original = _behind(group, "unshard")
+    earlier, cls = _earlier(group, "unshard"), type(group)
     num_bytes: list[int] = []  # filled at the first recorded call (after lazy init)
 
     def unshard(*args: Any, **kwargs: Any) -> Any:
         before = group._all_gather_result
         t_ns = time.monotonic_ns()
-        out = original(*args, **kwargs)
+        # FSDP2 passes one argument (async_op); spelling that call out saves re-packing it.
+        if earlier is not None:
+            out = earlier(*args, **kwargs)
+        elif len(args) == 1 and not kwargs:
+            out = cls.unshard(group, args[0])
+        else:
+            out = cls.unshard(group, *args, **kwargs)
         if not rec._recording:
             return out
         try:
@@ -278,13 +280,20 @@ def _wrap_clear(prov: Provenance, unit: int, group_index: int, group: Any, name:
     ``_reset_iter_state``): those only read one attribute before calling through.
     """
     rec = prov.rec
-    original = _behind(group, name)
+    earlier, cls = _earlier(group, name), type(group)
 
     def cleared(*args: Any, **kwargs: Any) -> Any:
-        if group._all_gather_result is None:
-            return original(*args, **kwargs)
-        t_ns = time.monotonic_ns()
-        out = original(*args, **kwargs)
+        pending = group._all_gather_result is not None
+        t_ns = time.monotonic_ns() if pending else 0
+        # FSDP2 passes no arguments; spelling that call out saves re-packing them.
+        if earlier is not None:
+            out = earlier(*args, **kwargs)
+        elif not args and not kwargs:
+            out = getattr(cls, name)(group)
+        else:
+            out = getattr(cls, name)(group, *args, **kwargs)
+        if not pending:
+            return out
         try:
             if group._all_gather_result is None and prov.should_record():
                 phase = 1 if _graph_task_id() != -1 else 0
