@@ -170,7 +170,7 @@ def main() -> int:
     lo = (min_median(samples["recorder+provenance"])[0] - min_median(samples["recorder"])[0])
     print(f"\nprovenance alone, from step times: {lo / per * 1e6:.2f} µs per unit per "
           "micro-step (min; noisy on shared CPUs)")
-    from fsdptrace.record.backends.fsdp2.provenance import MAX_FOREIGN_FRAMES
+    from fsdptrace.record.backends.fsdp2.issuers import MAX_FOREIGN_FRAMES
 
     plain, wrapped, direct = calls["plain"], calls["wrapped"], calls["direct"]
     extra = (wrapped - plain) * calls_per

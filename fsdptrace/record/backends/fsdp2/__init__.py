@@ -1,7 +1,8 @@
 """Torch FSDP2 (``fully_shard``): every private attribute or method the recorder reads or wraps.
 
 - ``units``: the ``Backend`` itself (units, prefetch edges, gradients, pending all-gathers);
-- ``provenance``: wrappers on each parameter group that record who issued each all-gather;
+- ``provenance``: wrappers on each parameter group that record its all-gathers, and
+  ``issuers``: who issued each one, read from the call stack;
 - ``roots``: zero-code mode's test for a training forward entering an FSDP2 root;
 - ``state``: where FSDP2 keeps a module's state and its parameter groups.
 

@@ -9,35 +9,21 @@ calls FSDP's method unchanged and only compares ``_all_gather_result`` before an
 None -> set is an ``issue``, set -> None in a wait is a ``consume``, in the end-of-backward
 paths a ``drop``; an ``unshard`` that changes nothing is a ``noop``.
 
-The issuer is read from the call stack, not from flags we would have to keep in sync with
-FSDP's control flow: ``pre_forward``/``pre_backward`` of the group itself is ``own``,
-``FSDPParamGroup._prefetch_unshard`` called from a state's ``_pre_forward``/``_pre_backward`` is
-an explicit ``prefetch`` (the source is that state), called from a group's
-``_backward_prefetch`` it is FSDP2's ``implicit`` reverse-post-forward prefetch, and
-``FSDPModule.unshard`` is ``manual``. A gather reached through the forward path while autograd
-runs backward is activation-checkpoint recompute (``recompute``): FSDP2 re-runs the unit's
-pre-forward, forward prefetch included, and CHECKS.md keeps recompute out of forward findings.
-
-Other tools wrap these methods too (memory trackers, profilers, test harnesses), on the class
-or on the instance, before or after us. So the stack walk skips frames whose code is not
-FSDP2's own (up to ``MAX_FOREIGN_FRAMES``; each code object is classified once), and our
-wrappers call through whatever sits behind them: an instance-level wrapper found at attach,
-else the class attribute looked up at each call, so a class-level wrapper installed later
-still runs. ``close`` removes only the attributes that are still ours: a wrapper installed on
-top of ours keeps working, ours inside it becomes a pass-through. A gather whose stack has no
-FSDP2 path it knows is recorded as ``other``, with one warning per recorder.
+Who issued a gather is read from the call stack (``issuers``). Other tools wrap these
+methods too, on the class or the instance, before or after us: our wrappers call through
+whatever sits behind them, an instance-level wrapper found at attach, else the class attribute
+looked up at each call, so a class-level wrapper installed later still runs. ``close``
+removes only the attributes that are still ours and puts back what was there before; a
+wrapper installed on top of ours keeps working, ours inside it becomes a pass-through.
 
 Rows are tuples of small ints appended to a deque, like the recorder's events.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-import warnings
 from collections.abc import Callable
-from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,6 +32,7 @@ import torch
 
 from fsdptrace import schema
 from fsdptrace.record.backends.base import InstanceAttributePatch
+from fsdptrace.record.backends.fsdp2.issuers import ISSUER_KINDS, Issuers, fsdp2_dir
 from fsdptrace.record.backends.fsdp2.state import param_groups
 from fsdptrace.record.writer import int_column, yield_gil
 
@@ -55,126 +42,25 @@ if TYPE_CHECKING:
 TABLE = "allgathers"
 EVENTS = ("issue", "consume", "drop", "noop")
 ISSUE, CONSUME, DROP, NOOP = range(4)
-ISSUER_KINDS = ("own", "prefetch", "implicit", "manual", "other", "recompute")
-OWN, PREFETCH, IMPLICIT, MANUAL, OTHER, RECOMPUTE = range(6)
 DETAILS = ("pending", "unsharded", "skipped", "finalize_backward", "reset_iter_state")
 PENDING, UNSHARDED, SKIPPED, FINALIZE, RESET = range(5)
-# A pass-through wrapper adds a frame or two (torch's FSDPMemTracker, functools.wraps
-# decorators); two tools stacked, four. Deeper foreign code is the caller, not a wrapper.
-MAX_FOREIGN_FRAMES = 4
 
 _graph_task_id = torch._C._current_graph_task_id
-_PREFETCH_FRAME = -1  # ``_prefetch_unshard``: the issuer is the next FSDP2 frame further out
-_FORWARD_OWN = -2  # the unit's own pre-forward: recompute when it runs inside backward
-_FSDP2_OTHER = -3  # FSDP2 code not in ``_CALLERS``: a path this module does not know
-_FOREIGN = -4  # not FSDP2's code: a wrapper (or the user's code); walk past it
-
-# (file, function) of FSDP2's callers of ``FSDPParamGroup.unshard``.
-_CALLERS: dict[tuple[str, str], int] = {
-    ("_fsdp_param_group.py", "pre_forward"): _FORWARD_OWN,
-    ("_fsdp_param_group.py", "pre_backward"): OWN,
-    ("_fsdp_state.py", "_pre_forward"): _FORWARD_OWN,  # recompute re-gathers its own
-    ("_fsdp_param_group.py", "_prefetch_unshard"): _PREFETCH_FRAME,
-    ("_fully_shard.py", "unshard"): MANUAL,
-}
-
-
-def fsdp2_dir(group: Any) -> str:
-    """The folder of FSDP2's sources (``_fully_shard/``; ``_composable/fsdp/`` before 2.6).
-
-    Read from the module that defines the group's class: the methods themselves may be
-    someone's wrappers by now.
-    """
-    module = sys.modules.get(type(group).__module__)
-    return os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or ""))
-
-
-def classify(code: CodeType, fsdp2_dir: str) -> int:
-    """What a frame running ``code`` says about the issuer (see ``_CALLERS``)."""
-    if os.path.dirname(os.path.abspath(code.co_filename)) != fsdp2_dir:
-        return _FOREIGN
-    return _CALLERS.get((os.path.basename(code.co_filename), code.co_name), _FSDP2_OTHER)
 
 
 class Provenance:
     """Turns wrapped-method calls into ``allgathers`` rows for one recorder."""
 
-    def __init__(self, rec: Recorder, fsdp2_dir: str) -> None:
+    def __init__(self, rec: Recorder, issuers: Issuers) -> None:
         self.rec = rec
         self.rows = rec.writer.buffer(TABLE, _columns(rec.unit_names))
-        self.unit_of: dict[int, int] = {}  # id(state) or id(group) -> unit index
+        self.issuers = issuers
         self.num_bytes: dict[int, int] = {}  # id(group) -> unsharded bytes, computed lazily
-        self.fsdp2_dir = fsdp2_dir
-        self._codes: dict[CodeType, int] = {}
-        self._warned = False
 
     def should_record(self) -> bool:
         rec = self.rec
         # Eval/generation forwards run with gradients off and are never recorded.
         return rec._recording and not (rec._in_eval and not torch.is_grad_enabled())
-
-    def issuer(self, frame: FrameType | None, unit: int, backward: bool) -> tuple[int, int]:
-        """(issuer kind, issuer unit index or -1) for an ``unshard`` called from ``frame``."""
-        # Most calls come straight from FSDP2: one lookup, no walk.
-        kind = self._codes.get(frame.f_code, _FOREIGN) if frame is not None else _FOREIGN
-        fsdp_frame = frame
-        if kind == _FOREIGN:
-            kind, fsdp_frame = self.fsdp2_caller(frame)
-        if kind == _FORWARD_OWN:
-            return (RECOMPUTE if backward else OWN), unit
-        if kind in (OWN, MANUAL):
-            return kind, (unit if kind == OWN else -1)
-        outer = None
-        if kind == _PREFETCH_FRAME and fsdp_frame is not None:
-            _, outer = self.fsdp2_caller(fsdp_frame.f_back)
-        if outer is None:
-            self._warn_unattributed(frame, fsdp_frame, unit)
-            return OTHER, -1
-        source_unit = self.unit_of.get(id(outer.f_locals.get("self")), -1)
-        name = outer.f_code.co_name
-        if name == "_backward_prefetch":
-            return IMPLICIT, source_unit
-        if name == "_pre_forward":
-            return (RECOMPUTE if backward else PREFETCH), source_unit
-        if name == "_pre_backward":
-            return PREFETCH, source_unit
-        self._warn_unattributed(frame, outer, unit)
-        return OTHER, source_unit
-
-    def fsdp2_caller(self, frame: FrameType | None) -> tuple[int, FrameType | None]:
-        """The first frame from ``frame`` outward that runs FSDP2's code, and its class.
-
-        (``_FOREIGN``, None) when none is found within ``MAX_FOREIGN_FRAMES`` frames.
-        """
-        codes = self._codes
-        for _ in range(MAX_FOREIGN_FRAMES + 1):
-            if frame is None:
-                break
-            code = frame.f_code
-            kind = codes.get(code)
-            if kind is None:
-                kind = codes[code] = classify(code, self.fsdp2_dir)
-            if kind != _FOREIGN:
-                return kind, frame
-            frame = frame.f_back
-        return _FOREIGN, None
-
-    def _warn_unattributed(self, frame: FrameType | None, fsdp_frame: FrameType | None,
-                           unit: int) -> None:
-        """One warning per recorder: the first gather no known FSDP2 path issued, and where."""
-        if self._warned:
-            return
-        self._warned = True
-        where = fsdp_frame or frame
-        origin = ("an unknown caller" if where is None else
-                  f"{where.f_code.co_name} ({where.f_code.co_filename}:{where.f_lineno})")
-        warnings.warn(
-            f"fsdptrace: rank {self.rec.rank}: an all-gather of "
-            f"{self.rec.unit_names[unit]} came from {origin}, not from a path of FSDP2 that "
-            f"fsdptrace knows (pre-forward, pre-backward, prefetch, FSDPModule.unshard) within "
-            f"{MAX_FOREIGN_FRAMES} wrapper frames; it and any like it are recorded with issuer "
-            "'other', which the prefetch checks (8, 9) do not judge",
-            RuntimeWarning, stacklevel=2)
 
     def bytes_of(self, group: Any) -> int:
         """Bytes of the group's unsharded parameters in the dtype they are gathered in."""
@@ -204,8 +90,9 @@ def install(rec: Recorder) -> list[InstanceAttributePatch]:
             groups.append((unit.index, group_index, group))
     if not groups:
         return []
-    prov = Provenance(rec, fsdp2_dir(groups[0][2]))
-    prov.unit_of = unit_of
+    issuers = Issuers(fsdp2_dir(groups[0][2]), unit_of=unit_of, unit_names=rec.unit_names,
+                      rank=rec.rank)
+    prov = Provenance(rec, issuers)
     return [_wrap_group(prov, *entry) for entry in groups]
 
 
@@ -236,6 +123,7 @@ def _wrap_unshard(prov: Provenance, unit: int, group_index: int, group: Any
     """``unshard`` recording issue/noop; the caller's frame is read only when recording."""
     rec = prov.rec
     earlier, cls = _earlier(group, "unshard"), type(group)
+    issuer_of = prov.issuers.of
     num_bytes: list[int] = []  # filled at the first recorded call (after lazy init)
 
     def unshard(*args: Any, **kwargs: Any) -> Any:
@@ -253,7 +141,7 @@ def _wrap_unshard(prov: Provenance, unit: int, group_index: int, group: Any
         try:
             if prov.should_record():
                 phase = 1 if _graph_task_id() != -1 else 0
-                kind, source = prov.issuer(sys._getframe(1), unit, phase == 1)
+                kind, source = issuer_of(sys._getframe(1), unit, phase == 1)
                 if before is None and group._all_gather_result is not None:
                     event, detail = ISSUE, -1
                 elif before is not None:
