@@ -23,26 +23,31 @@ EXIT_FINDINGS = 1
 EXIT_BAD_INPUT = 2
 
 
+def report_error(error: Exception, *, debug: bool = False) -> int:
+    """One line on stderr for ``error`` and its exit code: fsdptrace's own errors are bad
+    input; anything else is a bug, named as one (its traceback first, with ``--debug``)."""
+    if isinstance(error, FsdptraceError):
+        # Messages quote paths and names from the run dir: one printable line.
+        click.echo(f"fsdptrace: error: {printable(error)}", err=True)
+        return EXIT_BAD_INPUT
+    if debug:
+        click.echo("".join(traceback.format_exception(error)), err=True, nl=False)
+    click.echo(f"fsdptrace: internal error: {type(error).__name__}: {printable(error)[:200]} "
+               f"- a bug in fsdptrace {__version__}; please report it with this line (rerun "
+               "with --debug for the traceback)", err=True)
+    return EXIT_BAD_INPUT
+
+
 class FsdptraceGroup(click.Group):
-    """Turns library errors into one-line messages and exit code 2."""
+    """Turns every exception but click's own into one line and exit code 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise  # click's own exits and usage errors keep their codes
-        except FsdptraceError as error:
-            # Messages quote paths and names from the run dir: one printable line.
-            click.echo(f"fsdptrace: error: {printable(error)}", err=True)
-            ctx.exit(EXIT_BAD_INPUT)
         except Exception as error:
-            if ctx.params.get("debug"):
-                click.echo(traceback.format_exc(), err=True, nl=False)
-            click.echo(f"fsdptrace: internal error: {type(error).__name__}: "
-                       f"{printable(error)[:200]} - a bug in fsdptrace {__version__}; please "
-                       "report it with this line (rerun with --debug for the traceback)",
-                       err=True)
-            ctx.exit(EXIT_BAD_INPUT)
+            ctx.exit(report_error(error, debug=bool(ctx.params.get("debug"))))
 
 
 @click.group(cls=FsdptraceGroup, context_settings={"help_option_names": ["-h", "--help"]})

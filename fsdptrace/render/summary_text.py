@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TextIO
 
+import pandas as pd
+
 from fsdptrace.allgather_summary import overview_line
 from fsdptrace.render.untrusted import printable
 from fsdptrace.summary import overview, per_rank
@@ -25,6 +27,6 @@ def render(trace: Trace, out: TextIO, *, run_dir: str) -> None:
     out.write(f"all-gathers: {printable(overview_line(trace.allgathers))}\n")
     table = per_rank(trace)
     for name in table.columns:
-        if table[name].dtype == object:
-            table[name] = table[name].map(printable, na_action="ignore")
+        if not pd.api.types.is_numeric_dtype(table[name]):
+            table[name] = table[name].astype(object).map(printable, na_action="ignore")
     out.write("\n" + table.to_string(index=False) + "\n")
