@@ -11,6 +11,10 @@ class RunDirError(FsdptraceError, ValueError):
     """A run dir is missing, empty, corrupt or written in a format this version cannot read."""
 
 
+class UsageError(FsdptraceError, ValueError):
+    """An argument a caller gave is not one fsdptrace knows (a check name, a steps spec)."""
+
+
 class LifecycleError(FsdptraceError, RuntimeError):
     """Live checks found an unsafe FSDP lifecycle; the optimizer step was not executed."""
 

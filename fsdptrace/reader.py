@@ -15,10 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdptrace import schema
+from fsdptrace import schema, validate
 from fsdptrace.errors import RunDirError
 
-_RANK_DIR = re.compile(r"^rank=(\d+)$")
 _PART_FILE = re.compile(r"^part-.*\.parquet$")
 
 
@@ -42,9 +41,8 @@ def rank_dirs(run_dir: Path, table: str) -> dict[int, Path]:
         return {}
     found: dict[int, Path] = {}
     for entry in table_dir.iterdir():
-        match = _RANK_DIR.match(entry.name)
-        if match and entry.is_dir():
-            rank = int(match.group(1))
+        rank = validate.partition_rank(entry.name, table_dir=table_dir)
+        if rank is not None and entry.is_dir():
             if rank in found:
                 raise RunDirError(
                     f"rank {rank} has two partitions under {table_dir} "
@@ -68,15 +66,27 @@ def part_files(partition: Path) -> list[Path]:
 
 
 def read_file(path: Path, table: str) -> pa.Table:
-    """Read one chunk, check its schema version and columns."""
+    """Read one chunk, check its schema version, columns and values (``fsdptrace.validate``).
+
+    The footer is checked before any data is read, and only the declared columns are read,
+    text dictionary-encoded, so a file's claims cannot make the reader allocate beyond it.
+    """
+    expected = schema.TABLES[table]
     try:
-        data = pq.read_table(path)
+        parquet = pq.ParquetFile(path)
+        validate.check_footer(path, parquet.metadata)
+        present = set(parquet.schema_arrow.names)
+        text = [f.name for f in expected if f.name in present and _is_text(f.type)]
+        data = pq.read_table(path, columns=[n for n in expected.names if n in present],
+                             read_dictionary=text)
+    except pa.ArrowMemoryError:
+        raise  # not the file's fault: never call it corrupt
     except (pa.ArrowException, OSError) as error:
         raise RunDirError(
             f"{path}: unreadable Parquet ({_first_line(error)}); it is truncated or corrupt - "
             "move it aside to analyze the rest"
         ) from None
-    metadata = data.schema.metadata or {}
+    metadata = parquet.schema_arrow.metadata or {}
     version = metadata.get(schema.SCHEMA_VERSION_KEY)
     if version is None:
         raise RunDirError(f"{path}: not written by fsdptrace (no schema version in the footer)")
@@ -87,11 +97,19 @@ def read_file(path: Path, table: str) -> pa.Table:
             f"{version.decode(errors='replace')}; this fsdptrace reads schema "
             f"{schema.SCHEMA_VERSION}"
         )
-    expected = schema.TABLES[table]
     missing = [name for name in expected.names if name not in data.column_names]
     if missing:
         raise RunDirError(f"{path}: not a {table} table (missing columns {', '.join(missing)})")
-    return _conform(data.select(expected.names), expected, path=path, table=table)
+    validate.check_strings(data, path=path)
+    conformed = _conform(data.select(expected.names), expected, path=path, table=table)
+    validate.check_values(conformed, table=table, path=path)
+    return conformed
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind)
 
 
 def _conform(data: pa.Table, expected: pa.Schema, *, path: Path, table: str) -> pa.Table:
@@ -109,7 +127,13 @@ def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
     partition = run_dir / table / schema.RANK_DIR.format(rank=rank)
     files = part_files(partition) if partition.is_dir() else []
     parts = [read_file(path, table) for path in files]
-    return _with_rank(_concat(parts, schema.TABLES[table]), rank)
+    data = _concat(parts, schema.TABLES[table])
+    if table == "meta":
+        highest = max(rank_dirs(run_dir, "meta"), default=rank)
+        validate.check_world_size(data, highest_rank=max(highest, rank), partition=partition)
+    elif table == "markers":
+        validate.check_drop_details(data, partition=partition)
+    return _with_rank(data, rank)
 
 
 def read_ranks(run_dir: Path, table: str, ranks: Iterable[int]) -> pa.Table:

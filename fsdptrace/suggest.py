@@ -4,10 +4,15 @@ A person who gets a prefetch-order finding wants the fix, not only the complaint
 reads the most common observed order of each phase, proposes "each unit prefetches the unit
 that runs after it", says what differs from the edges configured now (add / remove / keep),
 and spells the proposal as the FSDP2 calls to paste into the training script.
+
+Unit names come from the run dir, and a person pastes this output into Python: names appear
+only as Python string literals (``repr``) or as attribute paths of ASCII identifiers, never
+raw and never inside a comment, where a newline would end the comment.
 """
 
 from __future__ import annotations
 
+import keyword
 import re
 from dataclasses import dataclass
 from typing import TextIO
@@ -27,7 +32,7 @@ ROOT = "<root>"
 SETTERS = {schema.FORWARD: "set_modules_to_forward_prefetch",
            schema.BACKWARD: "set_modules_to_backward_prefetch"}
 
-_PART = re.compile(r"^part\[(\d+)\](?:\.(.*))?$")
+_PART = re.compile(r"^part\[([0-9]+)\](?:\.(.*))?$", re.DOTALL)
 _SEPARATOR = "\x1f"  # joins unit names into one order key; never part of an FQN
 
 
@@ -128,12 +133,18 @@ def module_expression(unit: str, *, model: str = "model") -> str | None:
 def _attribute_path(base: str, fqn: str) -> str:
     if not fqn:
         return base
-    if not all(p.isidentifier() or p.isdigit() for p in fqn.split(".")):
+    if not all(_plain(p) or (p.isascii() and p.isdigit()) for p in fqn.split(".")):
         return f"{base}.get_submodule({fqn!r})"
     path = base
     for part in fqn.split("."):
         path += f"[{part}]" if part.isdigit() else f".{part}"
     return path
+
+
+def _plain(part: str) -> bool:
+    """An attribute name that reads as itself: ASCII (Python folds other identifiers with
+    NFKC, so ``ﬁ`` would name ``fi``) and no keyword."""
+    return part.isascii() and part.isidentifier() and not keyword.iskeyword(part)
 
 
 def prefetch_calls(suggestion: Suggestion, *, model: str = "model") -> list[str]:
@@ -155,16 +166,18 @@ def _call(unit: str, phase: str, targets: list[str], *, model: str) -> str:
     source = module_expression(unit, model=model)
     exprs = [module_expression(t, model=model) for t in targets]
     if source is None or any(e is None for e in exprs):
-        named = ", ".join(targets) or "nothing"
-        return (f"# {unit} -> [{named}] ({phase}): a grouped or untracked unit has no single "
-                "module expression; call the setter on the module fully_shard was given")
+        # Data, not a call: names stay string literals, outside the comment.
+        return (f"unwired_{phase}_prefetch = ({unit!r}, {targets!r})  # a grouped or "
+                "untracked unit has no single module expression: call the setter on the "
+                "module fully_shard was given")
     return f"{source}.{SETTERS[phase]}([{', '.join(e for e in exprs if e)}])"
 
 
 def write_suggestion(suggestion: Suggestion, out: TextIO, *, model: str = "model") -> None:
     """The proposal as a person reads it: orders, the calls to paste, then the diff."""
-    out.write("observed forward order: " + " -> ".join(suggestion.forward_order) + "\n")
-    out.write("observed backward order: " + " -> ".join(suggestion.backward_order) + "\n")
+    for phase, order in ((schema.FORWARD, suggestion.forward_order),
+                         (schema.BACKWARD, suggestion.backward_order)):
+        out.write(f"observed {phase} order: " + " -> ".join(map(repr, order)) + "\n")
     if not len(suggestion.diff):
         out.write("\nno units ran: nothing to suggest\n")
         return
@@ -174,4 +187,4 @@ def write_suggestion(suggestion: Suggestion, out: TextIO, *, model: str = "model
     out.write("\n# against what is configured now:\n")
     for row in suggestion.diff.itertuples(index=False):
         sign = {ADD: "+", REMOVE: "-", KEEP: " "}[row.action]
-        out.write(f"{sign} {row.phase:<8} {row.unit} -> {row.target}  ({row.action})\n")
+        out.write(f"{sign} {row.phase:<8} {row.unit!r} -> {row.target!r}  ({row.action})\n")

@@ -146,8 +146,8 @@ def test_suggest(scenario_runs: Path) -> None:
     result = invoke("suggest", scenario_runs / "wrong-forward-prefetch")
     assert result.exit_code == 0
     assert "model.layers[2].set_modules_to_forward_prefetch([model.layers[3]])" in result.stdout
-    assert "- forward  layers.2 -> layers.1  (remove)" in result.stdout
-    assert "+ forward  layers.2 -> layers.3  (add)" in result.stdout
+    assert "- forward  'layers.2' -> 'layers.1'  (remove)" in result.stdout
+    assert "+ forward  'layers.2' -> 'layers.3'  (add)" in result.stdout
 
 
 # --- bad input ------------------------------------------------------------------------------

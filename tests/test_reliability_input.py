@@ -178,12 +178,15 @@ def test_rank_missing_from_one_table_only_is_not_an_error(
     assert analyze_cli(run).exit_code == 0
 
 
-def test_duplicate_rank_partitions_are_bad_input(scenario_runs: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["rank=01", "rank=\u0661", "rank=2147483648"])
+def test_non_canonical_rank_partitions_are_bad_input(scenario_runs: Path, tmp_path: Path,
+                                                     name: str) -> None:
+    """``int()`` reads them, but the reader would open another partition: refuse, by name."""
     run = copy_run(scenario_runs, tmp_path)
-    shutil.copytree(run / "events" / "rank=1", run / "events" / "rank=01")
+    shutil.copytree(run / "events" / "rank=1", run / "events" / name)
     result = analyze_cli(run)
     assert result.exit_code == 2
-    assert "rank 1 has two partitions" in result.stderr and "rank=01" in result.stderr
+    assert f"events/{name}:" in result.stderr and "rank" in result.stderr
 
 
 def test_two_processes_claiming_one_rank_are_bad_input(

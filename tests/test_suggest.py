@@ -77,8 +77,8 @@ def test_whole_text_output(scenario_runs: Path) -> None:
     out = io.StringIO()
     write_suggestion(suggest(fsdptrace.load(scenario_runs / "wrong-forward-prefetch")), out)
     assert out.getvalue() == """\
-observed forward order: <root> -> layers.0 -> layers.1 -> layers.2 -> layers.3
-observed backward order: <root> -> layers.3 -> layers.2 -> layers.1 -> layers.0
+observed forward order: '<root>' -> 'layers.0' -> 'layers.1' -> 'layers.2' -> 'layers.3'
+observed backward order: '<root>' -> 'layers.3' -> 'layers.2' -> 'layers.1' -> 'layers.0'
 
 # prefetch matching the observed order (FSDP2):
 model.set_modules_to_forward_prefetch([model.layers[0]])
@@ -91,15 +91,15 @@ model.layers[2].set_modules_to_backward_prefetch([model.layers[1]])
 model.layers[3].set_modules_to_backward_prefetch([model.layers[2]])
 
 # against what is configured now:
-+ forward  <root> -> layers.0  (add)
-  forward  layers.0 -> layers.1  (keep)
-  forward  layers.1 -> layers.2  (keep)
-+ forward  layers.2 -> layers.3  (add)
-- forward  layers.2 -> layers.1  (remove)
-+ backward <root> -> layers.3  (add)
-  backward layers.1 -> layers.0  (keep)
-  backward layers.2 -> layers.1  (keep)
-  backward layers.3 -> layers.2  (keep)
++ forward  '<root>' -> 'layers.0'  (add)
+  forward  'layers.0' -> 'layers.1'  (keep)
+  forward  'layers.1' -> 'layers.2'  (keep)
++ forward  'layers.2' -> 'layers.3'  (add)
+- forward  'layers.2' -> 'layers.1'  (remove)
++ backward '<root>' -> 'layers.3'  (add)
+  backward 'layers.1' -> 'layers.0'  (keep)
+  backward 'layers.2' -> 'layers.1'  (keep)
+  backward 'layers.3' -> 'layers.2'  (keep)
 """
 
 
@@ -126,11 +126,36 @@ def test_killed_rank_cut_off_is_not_an_order(scenario_runs: Path) -> None:
     assert result.backward_order == BACKWARD
 
 
-def test_grouped_unit_is_a_comment_not_a_call() -> None:
+def test_grouped_unit_is_data_not_a_call() -> None:
     diff = pd.DataFrame([("embed,head", "forward", "layers.0", "add"),
                          ("layers.0", "forward", "embed,head", "remove")],
                         columns=["unit", "phase", "target", "action"])
     empty = diff.iloc[0:0, :3]
     calls = prefetch_calls(Suggestion((), (), empty, empty, diff))
-    assert calls[0].startswith("# embed,head -> [layers.0] (forward):")
+    assert calls[0].startswith("unwired_forward_prefetch = ('embed,head', ['layers.0'])  # ")
     assert calls[1] == "model.layers[0].set_modules_to_forward_prefetch([])"
+
+
+HOSTILE = "a,b\n__import__('os').system('echo pwned') #\x1b]52;c;AAAA\x07"
+
+
+def test_hostile_names_stay_string_literals() -> None:
+    """A name that would end a comment or carry escapes stays inside a Python literal."""
+    diff = pd.DataFrame([(HOSTILE, "forward", "layers.0", "add"),
+                         ("layers.0", "forward", HOSTILE, "keep")],
+                        columns=["unit", "phase", "target", "action"])
+    empty = diff.iloc[0:0, :3]
+    out = io.StringIO()
+    write_suggestion(Suggestion((HOSTILE, "layers.0"), (), empty, empty, diff), out)
+    text = out.getvalue()
+    assert "\x1b" not in text and "\n__import__" not in text
+    for line in text.splitlines():
+        if "__import__" in line:
+            assert repr(HOSTILE) in line, line
+    calls = text.split("# prefetch matching the observed order (FSDP2):\n")[1].split("\n\n")[0]
+    compile(calls, "<paste>", "exec")  # valid Python that calls nothing of the name's
+
+
+@pytest.mark.parametrize("unit", ["layers.\u0661", "layers.\u00b2", "import.x", "\ufb01"])
+def test_odd_identifiers_use_get_submodule(unit: str) -> None:
+    assert module_expression(unit) == f"model.get_submodule({unit!r})"

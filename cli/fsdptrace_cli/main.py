@@ -1,17 +1,21 @@
 """The ``fsdptrace`` command: a thin click shell over the library.
 
 Exit codes are mapped here and only here: 0 clean, 1 findings at or above ``--fail-on``,
-2 bad input (one line on stderr, never a traceback).
+2 bad input (one line on stderr, never a traceback). Only fsdptrace's own exceptions are bad
+input; any other exception is a bug in fsdptrace, said so in one line (the traceback only with
+``--debug``) and also exit 2, never 1, which CI reads as "findings".
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 from typing import Any
 
 import click
 
 from fsdptrace.errors import FsdptraceError
+from fsdptrace.render.untrusted import printable
 from fsdptrace.version import __version__
 
 EXIT_OK = 0
@@ -19,23 +23,37 @@ EXIT_FINDINGS = 1
 EXIT_BAD_INPUT = 2
 
 
+def report_error(error: Exception, *, debug: bool = False) -> int:
+    """One line on stderr for ``error`` and its exit code: fsdptrace's own errors are bad
+    input; anything else is a bug, named as one (its traceback first, with ``--debug``)."""
+    if isinstance(error, FsdptraceError):
+        # Messages quote paths and names from the run dir: one printable line.
+        click.echo(f"fsdptrace: error: {printable(error)}", err=True)
+        return EXIT_BAD_INPUT
+    if debug:
+        click.echo("".join(traceback.format_exception(error)), err=True, nl=False)
+    click.echo(f"fsdptrace: internal error: {type(error).__name__}: {printable(error)[:200]} "
+               f"- a bug in fsdptrace {__version__}; please report it with this line (rerun "
+               "with --debug for the traceback)", err=True)
+    return EXIT_BAD_INPUT
+
+
 class FsdptraceGroup(click.Group):
-    """Turns library errors into one-line messages and exit code 2."""
+    """Turns every exception but click's own into one line and exit code 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except FsdptraceError as error:
-            click.echo(f"fsdptrace: error: {error}", err=True)
-            ctx.exit(EXIT_BAD_INPUT)
-        except ValueError as error:
-            click.echo(f"fsdptrace: error: {error}", err=True)
-            ctx.exit(EXIT_BAD_INPUT)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise  # click's own exits and usage errors keep their codes
+        except Exception as error:
+            ctx.exit(report_error(error, debug=bool(ctx.params.get("debug"))))
 
 
 @click.group(cls=FsdptraceGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fsdptrace")
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="Print the traceback of an internal error.")
+def cli(debug: bool) -> None:
     """fsdptrace: a flight recorder and post-mortem analyzer for PyTorch FSDP2 jobs.
 
     \b

@@ -20,6 +20,7 @@ from fsdptrace.checks import (
     stalled_rank,
     wasted_prefetch,
 )
+from fsdptrace.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def resolve(names: list[str] | tuple[str, ...] | None) -> list[str]:
         return list(CHECKS)
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
-        raise ValueError(
+        raise UsageError(
             f"unknown check {', '.join(unknown)}; known checks: {', '.join(CHECKS)}"
         )
     return [n for n in CHECKS if n in names]

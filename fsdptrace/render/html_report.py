@@ -307,8 +307,10 @@ def document(
     max_lanes: int = MAX_RANK_LANES,
 ) -> dict[str, Any]:
     """The JSON the page's script reads: unit names once, then one payload per step."""
+    # Edges name units that never ran in a step (a run killed in step 0): all get an index.
     names = sorted(
         {str(u) for u in trace.events["unit"].unique()}
+        | {str(u) for u in trace.prefetch["unit"].dropna().unique()}
         | {str(u) for u in trace.prefetch["target"].dropna().unique()}
     )
     units = {name: i for i, name in enumerate(names)}

@@ -9,14 +9,15 @@ import pandas as pd
 from fsdptrace.checks import CHECKS
 from fsdptrace.render.folding import fold
 from fsdptrace.render.text import location, verdict
+from fsdptrace.render.untrusted import printable
 
 
 def _cell(text: object) -> str:
     """Escape what would break a table cell or inject markup."""
-    value = str(text)
+    value = printable(text)
     for char in ("\\", "|", "`", "*", "_", "<", ">", "[", "]"):
         value = value.replace(char, "\\" + char)
-    return value.replace("\r", " ").replace("\n", " ")
+    return value
 
 
 def render(findings: pd.DataFrame, out: TextIO, *, run_dir: str, num_ranks: int,

@@ -8,6 +8,7 @@ import pandas as pd
 
 from fsdptrace.checks import CHECKS
 from fsdptrace.render.folding import fold, rank_ranges
+from fsdptrace.render.untrusted import printable
 
 MAX_LINES_PER_CHECK = 20
 
@@ -40,11 +41,6 @@ def location(row: pd.Series) -> str:
     return " | ".join(parts)
 
 
-def _one_line(text: str) -> str:
-    """Names from the trace may hold newlines; a report line must stay one line."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
-
-
 def dropped_lines(incomplete: pd.DataFrame) -> list[str]:
     """One line per rank whose writer dropped rows: an OK verdict does not cover those steps."""
     from fsdptrace.summary import incomplete_per_rank
@@ -57,7 +53,7 @@ def render(findings: pd.DataFrame, out: TextIO, *, run_dir: str, num_ranks: int,
            world_size: int, incomplete: pd.DataFrame | None = None) -> None:
     """``incomplete``: ``fsdptrace.analysis.incomplete_ranges`` of the run, if any."""
     out.write(verdict(findings, num_ranks=num_ranks, world_size=world_size) + "\n")
-    out.write(f"run dir: {_one_line(run_dir)}\n")
+    out.write(f"run dir: {printable(run_dir)}\n")
     if incomplete is not None and len(incomplete):
         for line in dropped_lines(incomplete):
             out.write(line + "\n")
@@ -71,9 +67,9 @@ def render(findings: pd.DataFrame, out: TextIO, *, run_dir: str, num_ranks: int,
         total = int(rows["count"].sum())
         out.write(f"\n[{info.severity}] {name} ({info.summary}): {total} finding(s)\n")
         for _, row in rows.head(MAX_LINES_PER_CHECK).iterrows():
-            out.write(f"  - {_one_line(location(row))}\n")
+            out.write(f"  - {printable(location(row))}\n")
             example = f" (first of {row['count']}; their numbers vary)" if row["varies"] else ""
-            out.write(f"      {_one_line(str(row['message']))}{example}\n")
+            out.write(f"      {printable(str(row['message']))}{example}\n")
         if len(rows) > MAX_LINES_PER_CHECK:
             out.write(f"  ... and {len(rows) - MAX_LINES_PER_CHECK} more "
                       "(all of them: --format json)\n")

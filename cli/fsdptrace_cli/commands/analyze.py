@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import click
 
@@ -44,7 +45,7 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
     meta = load(run_dir, ranks=ranks[:1] or None)
     world_size = meta.world_size if len(meta.meta) else len(ranks)
     context = {"run_dir": str(run_dir), "num_ranks": len(ranks), "world_size": world_size}
-    out = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
+    out = _open(output) if output else sys.stdout
     try:
         if fmt == "json":
             summary = overview(load(run_dir)) if num_ranks <= 64 else {}
@@ -59,6 +60,15 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
         if output:
             out.close()
     return exit_code(findings, fail_on)
+
+
+def _open(output: Path) -> TextIO:
+    from fsdptrace.errors import UsageError
+
+    try:
+        return open(output, "w", encoding="utf-8")  # noqa: SIM115
+    except OSError as error:
+        raise UsageError(f"cannot write {output}: {error.strerror}") from None
 
 
 @click.command("analyze")

@@ -29,17 +29,22 @@ def command(ctx: click.Context, run_dir: Path | None, steps: str | None,
 
     Works for `python train.py` and `torchrun ... train.py` alike, with no change to the
     script (a script that calls fsdptrace.attach itself writes to the same run dir).
-    Exit status: the training command's own when it fails, else the analysis's.
+    Exit status: the training command's own when it fails or when nothing was recorded,
+    else the analysis's; 2 only for fsdptrace's own errors (a bad --steps spec).
 
     \b
     Example:
       fsdptrace record --run-dir runs/a -- torchrun --nproc-per-node 2 train.py
       fsdptrace record --steps 100:110 -- python train.py --config big.yaml
     """
+    from fsdptrace.errors import UsageError
     from fsdptrace.record.launch import record_env, run_recorded
     from fsdptrace.record.steps import parse_steps
 
-    parse_steps(steps)  # a bad spec fails here, before the job starts
+    try:
+        parse_steps(steps)  # a bad spec fails here, before the job starts
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     if run_dir is None:
         run_dir = Path("fsdptrace_runs") / time.strftime("%Y%m%d-%H%M%S")
     run_dir = run_dir.resolve()
@@ -48,8 +53,9 @@ def command(ctx: click.Context, run_dir: Path | None, steps: str | None,
     returncode = run_recorded(list(command), {**os.environ, **env})
     click.echo(f"fsdptrace: command exited with {returncode}; run dir {run_dir}", err=True)
     if not run_dir.exists():
+        # Recording is an observer: it never changes the command's own exit status.
         click.echo("fsdptrace: nothing was recorded (no FSDP2 forward ran?)", err=True)
-        ctx.exit(returncode or 2)
+        ctx.exit(returncode)
     analysis_code = run_analysis(run_dir, fmt="text", output=None, checks=(), fail_on=fail_on,
                                  jobs=1)
     ctx.exit(returncode if returncode != 0 else analysis_code)

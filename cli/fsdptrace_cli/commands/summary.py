@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -17,21 +18,7 @@ def command(run_dir: Path) -> None:
     Example:
       fsdptrace summary runs/a
     """
-    from fsdptrace.allgather_summary import overview_line
-    from fsdptrace.summary import overview, per_rank
+    from fsdptrace.render import summary_text
     from fsdptrace.trace import load
 
-    trace = load(run_dir)
-    numbers = overview(trace)
-    click.echo(f"run dir: {run_dir}")
-    incomplete = numbers.pop("incomplete_steps")
-    for key, value in numbers.items():
-        click.echo(f"{key.replace('_', ' ')}: {value}")
-    assert isinstance(incomplete, dict)
-    click.echo("incomplete steps (rows dropped):" + ("" if incomplete else " none"))
-    for rank, where in incomplete.items():
-        click.echo(f"  rank {rank}: {where}")
-    click.echo(f"all-gathers: {overview_line(trace.allgathers)}")
-    table = per_rank(trace)
-    click.echo("")
-    click.echo(table.to_string(index=False))
+    summary_text.render(load(run_dir), sys.stdout, run_dir=str(run_dir))

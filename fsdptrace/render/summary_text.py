@@ -1,0 +1,32 @@
+"""``fsdptrace summary`` as text: what was recorded, per rank, every value printable."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+import pandas as pd
+
+from fsdptrace.allgather_summary import overview_line
+from fsdptrace.render.untrusted import printable
+from fsdptrace.summary import overview, per_rank
+from fsdptrace.trace import Trace
+
+
+def render(trace: Trace, out: TextIO, *, run_dir: str) -> None:
+    """The run in numbers, its dropped rows, then one row per rank (hosts come from the run
+    dir, so every cell goes through ``printable``)."""
+    numbers = overview(trace)
+    out.write(f"run dir: {printable(run_dir)}\n")
+    incomplete = numbers.pop("incomplete_steps")
+    for key, value in numbers.items():
+        out.write(f"{key.replace('_', ' ')}: {printable(value)}\n")
+    assert isinstance(incomplete, dict)
+    out.write("incomplete steps (rows dropped):" + ("" if incomplete else " none") + "\n")
+    for rank, where in incomplete.items():
+        out.write(f"  rank {rank}: {printable(where)}\n")
+    out.write(f"all-gathers: {printable(overview_line(trace.allgathers))}\n")
+    table = per_rank(trace)
+    for name in table.columns:
+        if not pd.api.types.is_numeric_dtype(table[name]):
+            table[name] = table[name].astype(object).map(printable, na_action="ignore")
+    out.write("\n" + table.to_string(index=False) + "\n")
