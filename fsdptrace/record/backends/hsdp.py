@@ -162,8 +162,8 @@ class HSDPBackend:
                 pending.append(PendingAllGather("param", label, ", ".join(details)))
         if self._params.get(unit.index) and not per_param_layout and not _has_buckets(state):
             self._warn("prefetch_handle", unit,
-                       "neither prefetch_handle (hyper_parallel 0.1) nor allgather_comm_ctx / "
-                       "param_group.all_gather_buckets (newer): pending all-gathers")
+                       "prefetch_handle (hyper_parallel 0.1), allgather_comm_ctx nor "
+                       "param_group.all_gather_buckets (newer)", "pending all-gathers")
         if getattr(state, "is_shard", True) is False:
             pending.append(PendingAllGather("unit", "parameters", "unsharded-held"))
         return pending
@@ -177,7 +177,8 @@ class HSDPBackend:
         scheduler = unit.handle
         values: dict[str, object] = {}
         for setting, (where, attr) in _SETTINGS.items():
-            owner = scheduler if where is None else getattr(scheduler, where, None)
+            owner = scheduler if where is None else self._read(unit, scheduler, where,
+                                                               "settings")
             values[setting] = self._read(unit, owner, attr, f"the {setting} setting")
         mesh = getattr(scheduler, "mesh", None)
         shape = getattr(mesh, "mesh_shape", None) or getattr(mesh, "shape", None)
@@ -197,19 +198,23 @@ class HSDPBackend:
 
     # ----------------------------------------------------------------- defensive reads
     def _read(self, unit: Unit, owner: Any, attr: str, what: str) -> Any:
+        """``owner.attr``, or None after one warning per attribute name (never for a missing
+        owner: its own warning already said what is lost)."""
+        if owner is None:
+            return None
         value = getattr(owner, attr, _MISSING)
         if value is _MISSING:
-            self._warn(attr, unit, f"{attr}: {what}")
+            self._warn(attr, unit, attr, what)
             return None
         return value
 
-    def _warn(self, key: str, unit: Unit, what: str) -> None:
+    def _warn(self, key: str, unit: Unit, missing: str, what: str) -> None:
         if key in self._warned:
             return
         self._warned.add(key)
-        warnings.warn(f"fsdptrace: HSDP unit {unit.name} has no {what} are not recorded "
-                      "(this hyper_parallel release keeps them elsewhere); training goes on",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(f"fsdptrace: HSDP unit {unit.name} has no {missing}, so {what} cannot "
+                      "be recorded (a hyper_parallel release that keeps them elsewhere?); "
+                      "training goes on", RuntimeWarning, stacklevel=3)
 
 
 def _param_label(hsdp_param: Any, index: int, fqn_of: dict[int, str]) -> str:
