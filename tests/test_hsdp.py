@@ -44,7 +44,7 @@ EXTRA = ["extra.fc.bias", "extra.fc.weight"]
 
 real_hsdp = pytest.mark.skipif(
     importlib.util.find_spec("hyper_parallel") is None,
-    reason=f"hyper_parallel is not installed: `make setup` installs it from {WHEELS} "
+    reason="hyper_parallel is not installed: `make setup` installs it from ../shared/wheels/ "
            f"({'present' if WHEELS.is_dir() else 'absent here'})")
 
 
@@ -144,6 +144,30 @@ def test_ranks_with_different_prefetch_configuration(runs: Path) -> None:
     assert list(found["check"]) == ["prefetch-config-divergence"]
     assert list(found["rank"]) == [1]
     assert "layers.0 forward -> [] (rank 0: [layers.1])" in found["message"].iloc[0]
+
+
+@real_hsdp
+@pytest.mark.slow
+def test_rank_divergence(runs: Path) -> None:
+    """Rank 1 runs layers.2 before layers.1. The blocks' gathers have equal shapes, so HSDP
+    pairs them up across ranks without a hang or an error (silently swapped parameters)."""
+    found = findings(runs / "rank-divergence")
+    assert set(found["check"]) == {"rank-divergence"}
+    assert sorted(zip(found["rank"], found["step"], found["micro_step"], found["phase"],
+                      found["unit"], found["target"], strict=True)) == [
+        (1, step, micro, phase, *(("layers.1", "layers.2") if phase == "backward"
+                                  else ("layers.2", "layers.1")))
+        for step in (0, 1) for micro in (0, 1) for phase in ("backward", "forward")]
+
+
+@real_hsdp
+@pytest.mark.slow
+def test_order_instability(runs: Path) -> None:
+    """Every second micro-step swaps layers.1 and layers.2 on both ranks."""
+    found = findings(runs / "order-instability")
+    assert set(found["check"]) == {"order-instability"}
+    assert keys(found, "order-instability") == [
+        (rank, step, 1, "layers.1") for rank, step in BOUNDARIES]
 
 
 @real_hsdp

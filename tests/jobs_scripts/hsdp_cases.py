@@ -52,9 +52,16 @@ class Model(nn.Module):
         self.head = nn.Linear(DIM, DIM)
         self.checkpointed = checkpointed
         self.bypass_extra = bypass_extra
+        self.order = list(range(NUM_LAYERS))
+        self.swap_every_other_call = False
+        self.num_calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
+        order = list(self.order)
+        if self.swap_every_other_call and self.num_calls % 2:
+            order[1], order[2] = order[2], order[1]
+        self.num_calls += 1
+        for layer in (self.layers[i] for i in order):
             x = checkpoint(layer, x, use_reentrant=False) if self.checkpointed else layer(x)
         if self.bypass_extra:  # reaches into the unit's parameters without its forward
             x = x + nn.functional.linear(x, self.extra.fc.weight)
@@ -103,6 +110,16 @@ def unshard_extra(model: Model, rank: int) -> None:
     model.extra.unshard()
 
 
+def swap_on_rank_1(model: Model, rank: int) -> None:
+    # The blocks have equal shapes: the mismatched all-gathers pair up silently, no hang.
+    if rank == 1:
+        model.order = [0, 2, 1, 3]
+
+
+def swap_in_odd_micro_steps(model: Model, rank: int) -> None:
+    model.swap_every_other_call = True
+
+
 CASES: dict[str, tuple[Callable[[Model, int], None], dict[str, bool], bool]] = {
     # name: (prefetch set-up, build options, raise_on_violation)
     "clean": (lambda model, rank: one_ahead(model), {}, False),
@@ -110,6 +127,8 @@ CASES: dict[str, tuple[Callable[[Model, int], None], dict[str, bool], bool]] = {
     "never-runs": (prefetch_extra_that_never_runs, {}, False),
     "wrong-backward": (wrong_backward_edge, {}, False),
     "config-divergence": (prefetch_on_rank_0_only, {}, False),
+    "rank-divergence": (swap_on_rank_1, {}, False),
+    "order-instability": (swap_in_odd_micro_steps, {}, False),
     "bypassed-extra": (unshard_extra, {"bypass_extra": True}, False),
     "live-never-runs": (prefetch_extra_that_never_runs, {}, True),
 }
