@@ -91,6 +91,16 @@ def test_clean_chain_records_every_pass_and_finds_nothing(runs: Path) -> None:
 
 @real_hsdp
 @pytest.mark.slow
+def test_explicit_boundaries_record_what_the_optimizer_hook_does(runs: Path) -> None:
+    """``begin_micro_step``/``before_optimizer_step`` called by the loop, no optimizer given."""
+    run_dir = runs / "clean-explicit-boundaries"
+    assert orders(run_dir) == orders(runs / "clean")
+    assert len(read_table(run_dir, "gradients")) == len(read_table(runs / "clean", "gradients"))
+    assert len(findings(run_dir)) == 0
+
+
+@real_hsdp
+@pytest.mark.slow
 def test_checkpoint_recompute_is_not_forward_order(runs: Path) -> None:
     recorded = orders(runs / "clean-checkpoint")
     assert [recorded[(*p, "forward")] for p in PASSES] == [FORWARD] * len(PASSES)

@@ -123,6 +123,7 @@ def swap_in_odd_micro_steps(model: Model, rank: int) -> None:
 CASES: dict[str, tuple[Callable[[Model, int], None], dict[str, bool], bool]] = {
     # name: (prefetch set-up, build options, raise_on_violation)
     "clean": (lambda model, rank: one_ahead(model), {}, False),
+    "clean-explicit-boundaries": (lambda model, rank: one_ahead(model), {}, False),
     "clean-checkpoint": (lambda model, rank: one_ahead(model), {"checkpointed": True}, False),
     "never-runs": (prefetch_extra_that_never_runs, {}, False),
     "wrong-backward": (wrong_backward_edge, {}, False),
@@ -132,6 +133,8 @@ CASES: dict[str, tuple[Callable[[Model, int], None], dict[str, bool], bool]] = {
     "bypassed-extra": (unshard_extra, {"bypass_extra": True}, False),
     "live-never-runs": (prefetch_extra_that_never_runs, {}, True),
 }
+
+EXPLICIT_BOUNDARIES = {"clean-explicit-boundaries"}  # attach(model) without the optimizer
 
 
 def local_shards(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -148,16 +151,21 @@ def local_shards(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def train(model: Model, optimizer: torch.optim.Optimizer, rank: int,
-          before: dict[str, torch.Tensor]) -> None:
+          before: dict[str, torch.Tensor], recorder: Any = None) -> None:
     """The HSDP loop; ``before`` holds the shards right before the latest ``optimizer.step()``
-    (filled in place: a step that raises never returns)."""
+    (filled in place: a step that raises never returns). Given a ``recorder`` attached
+    without an optimizer, the loop marks the boundaries itself."""
     generator = torch.Generator().manual_seed(rank)
     with SkipDTensorDispatch():
-        for _ in range(NUM_STEPS):
-            for _ in range(NUM_MICRO_STEPS):
+        for step in range(NUM_STEPS):
+            for micro in range(NUM_MICRO_STEPS):
+                if recorder is not None:
+                    recorder.begin_micro_step(step, micro)
                 model(torch.randn(4, DIM, generator=generator)).pow(2).mean().backward()
             hsdp_sync_stream()
             before.update(local_shards(model))
+            if recorder is not None:
+                recorder.before_optimizer_step()
             optimizer.step()
             optimizer.zero_grad()
 
@@ -173,10 +181,11 @@ def run_case(out: Path, name: str, rank: int) -> None:
     result: Result = {"raised": None, "message": "", "changed": [], "settings": {}}
     before: dict[str, torch.Tensor] = {}
     try:
-        with fsdptrace.attach(model, run_dir=run_dir, optimizer=optimizer,
+        explicit = name in EXPLICIT_BOUNDARIES
+        with fsdptrace.attach(model, run_dir=run_dir, optimizer=None if explicit else optimizer,
                               raise_on_violation=raising) as recorder:
             result["settings"] = {u.name: recorder.backend.settings(u) for u in recorder.units}
-            train(model, optimizer, rank, before)
+            train(model, optimizer, rank, before, recorder if explicit else None)
     except fsdptrace.LifecycleError as error:
         result["raised"], result["message"] = type(error).__name__, str(error)
     after = local_shards(model)
