@@ -231,7 +231,7 @@ def test_zero_code_record_of_torchrun(tmp_path: Path) -> None:
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     base = {k: v for k, v in os.environ.items() if k not in launcher}
     env = record_env(run_dir, base_env={**base, "OMP_NUM_THREADS": "1"})
-    cli = [sys.executable, str(REPO / "cli" / "fsdptrace_cli" / "main.py")]
+    cli = [sys.executable, "-m", "fsdptrace_cli.main"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", "2", str(SCRIPT), "--zero-code"]
     done = subprocess.run([*cli, "record", "--run-dir", str(run_dir), "--", *torchrun],
