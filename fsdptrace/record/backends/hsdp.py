@@ -187,8 +187,8 @@ class HSDPBackend:
 
     def is_recompute(self, unit: Unit) -> bool:
         # Recompute is a forward inside autograd's backward. The reference reads
-        # scheduler_ctx.root_bp_state; hyper_parallel 0.1 keeps root_bp_state on the scheduler
-        # class instead, and it stays set after a backward whose every unit input needs grad.
+        # scheduler_ctx.root_bp_state, which hyper_parallel 0.1 does not have (it keeps a
+        # root_bp_state on the scheduler class); the graph task is the same on every release.
         return bool(_graph_task_id() != -1)
 
     def patch_forward_methods(
