@@ -1,9 +1,11 @@
-"""A small fake of the HSDP framework's duck-typed interface, on real modules and autograd.
+"""A small fake of the reference checker's HSDP layout, on real modules and autograd.
 
-The real HSDP framework (``hyper_parallel``) is not installable here, so the HSDP backend is
-tested against this fake. It carries exactly the attributes the reference checker
-(``shared/reference/fsdp_diagnostics_reference.txt``) reads, and it moves them the way a
-sharded framework does, driven by real forward/backward hooks in one process:
+The HSDP backend is tested on real hyper_parallel units; this fake remains for the one thing
+that release cannot do: the newer layout the reference checker
+(``shared/reference/fsdp_diagnostics_reference.txt``) reads, fused
+``param_group.all_gather_buckets`` and per-parameter ``allgather_comm_ctx``. It carries exactly
+those attributes and moves them the way a sharded framework does, driven by real
+forward/backward hooks in one process:
 
 - a unit's pre-forward consumes its own all-gather, then issues one into each of its
   ``forward_prefetch_cells``; its pre-backward (first output gradient) does the same for

@@ -137,10 +137,22 @@ def _disable(reason: str) -> None:
 
 
 # --------------------------------------------------------------------- forward: find the root
+# (module, class) of every framework's unit class: torch FSDP2 and hyper_parallel's HSDP.
+_UNIT_CLASSES = (("torch.distributed.fsdp", "FSDPModule"),
+                 ("hyper_parallel.core.fully_shard.api", "HSDPModule"))
+
+
+def _fsdp_module_classes() -> tuple[type, ...]:
+    # No unit can exist before its framework's fully_shard module is imported; importing it
+    # here, in every module call of a job that does not use it, would cost that job.
+    found = (getattr(sys.modules.get(module), name, None) for module, name in _UNIT_CLASSES)
+    return tuple(cls for cls in found if isinstance(cls, type))
+
+
 def _module_forward_pre_hook(module: nn.Module, args: Any) -> None:
     try:
-        fsdp_module = roots.fsdp_module_class()
-        if fsdp_module is None or not isinstance(module, fsdp_module):
+        fsdp_modules = _fsdp_module_classes()
+        if not fsdp_modules or not isinstance(module, fsdp_modules):
             return
         _on_fsdp_forward(module)
     except Exception as error:  # recording must never break training

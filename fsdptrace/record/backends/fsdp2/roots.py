@@ -6,20 +6,9 @@ starts, so this module imports nothing heavy and never imports FSDP itself.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from fsdptrace.record.backends.fsdp2.state import fsdp_state
-
-
-def fsdp_module_class() -> type | None:
-    """``FSDPModule`` if FSDP2 is loaded, else None.
-
-    No FSDPModule can exist before fully_shard's package is imported; importing it here, in
-    every module call of a job that does not use FSDP, would cost that job.
-    """
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    return getattr(fsdp, "FSDPModule", None) if fsdp is not None else None
 
 
 def is_root_training_forward(module: Any) -> bool:
