@@ -219,3 +219,15 @@ def test_a_closed_recorder_lets_the_model_be_collected(tmp_path: Path) -> None:
 def test_two_models_into_one_run_dir_are_refused(tmp_path: Path) -> None:
     refused = _lifecycle(tmp_path, "two-models")["refused"]
     assert "already records another model" in refused
+
+
+def test_reset_iter_state_aborts_the_open_micro_step(tmp_path: Path) -> None:
+    _lifecycle(tmp_path, "reset")
+    run_dir = tmp_path / "run"
+    markers = read_table(run_dir, "markers")
+    aborted = markers[markers["kind"] == "aborted"]
+    assert [(int(s), int(m)) for s, m in zip(aborted["step"], aborted["micro_step"],
+                                               strict=True)] == [(1, 0)]
+    assert _ending(run_dir, 0) == ("clean", "")
+    # The aborted forward is cut off: no check reads its missing backward as a finding.
+    assert not len(fsdptrace.analyze(run_dir))

@@ -5,7 +5,9 @@ Cases (``<out>/<case>.json`` holds what the case observed):
 - ``fork``: attach, train a step, flush; hash every file of the run dir; ``os.fork()`` a child
   that trains a step and exits normally; hash again (the parent's files must not change);
 - ``gc``: attach, train, close, ``del``: is the model garbage-collected (a weakref)?
-- ``two-models``: attach two models into one run dir: the second is refused.
+- ``two-models``: attach two models into one run dir: the second is refused;
+- ``reset``: a micro-step's forward, then ``reset_iter_state()`` instead of its backward (the
+  micro-step is aborted), then whole steps and a close.
 """
 
 from __future__ import annotations
@@ -87,14 +89,27 @@ def two_models(out: Path) -> dict[str, Any]:
     return {"refused": refused}
 
 
+def reset(out: Path) -> dict[str, Any]:
+    model, optimizer = scenarios.build(scenarios.Scenario(), 0)
+    rec = fsdptrace.attach(model, run_dir=out / "run", optimizer=optimizer)
+    _step(model, optimizer)
+    model(torch.randint(0, 32, (32,)))  # a forward whose backward never comes
+    model.reset_iter_state()
+    optimizer.zero_grad()
+    _step(model, optimizer)
+    _step(model, optimizer)
+    rec.close()
+    return {}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("case", choices=["fork", "gc", "two-models"])
+    parser.add_argument("case", choices=["fork", "gc", "two-models", "reset"])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dist.init_process_group("gloo")
-    run = {"fork": fork, "gc": collected, "two-models": two_models}[args.case]
+    run = {"fork": fork, "gc": collected, "two-models": two_models, "reset": reset}[args.case]
     (args.out / f"{args.case}.json").write_text(json.dumps(run(args.out)))
     dist.destroy_process_group()
     return 0
