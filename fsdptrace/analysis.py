@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fsdptrace import reader, schema
+from fsdptrace import endings, reader
 from fsdptrace.checks import (
     CHECKS,
     bypassed_unit,
@@ -110,7 +110,7 @@ def map_trace(trace: Trace, names: Iterable[str]) -> RankSummary:
 def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) -> RankSummary:
     """``map_trace`` on code columns (a run dir's rank is read straight from Arrow)."""
     markers = tables.frame("markers")
-    ends = markers[markers["kind"].isin([schema.MARKER_CLOSE, schema.MARKER_CRASH])]
+    ends = endings.ending_markers(markers)
     # Signatures are computed once, shared by check 7 and the reduce.
     sigs = positions.signatures(tables.complete, tables.vocab.names)
     return RankSummary(

@@ -30,8 +30,14 @@ PHASES = (FORWARD, BACKWARD)
 # Marker kinds written to the ``markers`` table.
 MARKER_MICRO_STEP = "micro_step_begin"
 MARKER_OPTIMIZER_STEP = "optimizer_step"
-MARKER_CLOSE = "close"
-MARKER_CRASH = "crashed"
+# How a rank's recording ended (read back in one place: ``fsdptrace.endings``).
+MARKER_CLOSE = "close"  # clean: training finished, no micro-step open
+MARKER_CRASH = "crashed"  # detail: "Type: message"
+MARKER_TERMINATED = "terminated"  # detail: the signal's name
+MARKER_CLOSED_MID_STEP = "closed_mid_step"  # closed with a micro-step open
+ENDING_MARKERS = (MARKER_CLOSE, MARKER_CRASH, MARKER_TERMINATED, MARKER_CLOSED_MID_STEP)
+# ``reset_iter_state()`` abandoned the open micro-step: it is cut off, not run that way.
+MARKER_ABORTED = "aborted"
 MARKER_DROPPED = "dropped"
 # One per contiguous run of rows the writer dropped (detail: JSON, see ``record.dropped``).
 MARKER_DROPPED_ROWS = "dropped_rows"

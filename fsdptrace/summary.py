@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdptrace import schema
+from fsdptrace import endings, schema
 from fsdptrace.checks import incomplete
 from fsdptrace.render.folding import rank_ranges
 from fsdptrace.trace import Trace
@@ -36,14 +36,11 @@ def per_rank(trace: Trace) -> pd.DataFrame:
 
 
 def _endings(trace: Trace) -> dict[int, str]:
-    markers = trace.markers
-    if not len(markers):
-        return {}
-    ends = markers[markers["kind"].isin([schema.MARKER_CLOSE, schema.MARKER_CRASH])]
-    ends = ends.sort_values("seq").drop_duplicates("rank", keep="last")
-    text = ends["kind"].astype(str).map({schema.MARKER_CLOSE: "clean close",
-                                         schema.MARKER_CRASH: "crashed"})
-    return dict(zip(ends["rank"].astype(int), text, strict=True))
+    found = endings.rank_endings(trace.markers, trace.ranks)
+    text = found["ending"].astype(str).where(found["ending"] != endings.CLEAN, "clean close")
+    detail = found["detail"].astype(str)
+    text = text.where(detail == "", text + " (" + detail.str.slice(0, 120) + ")")
+    return dict(zip(found["rank"].astype(int), text, strict=True))
 
 
 def overview(trace: Trace) -> dict[str, object]:

@@ -99,10 +99,9 @@ class Trace:
 
     def summary(self) -> dict[str, object]:
         """Counts a person wants first: ranks, steps, units, events."""
-        closed = set()
-        if len(self.markers):
-            done = self.markers[self.markers["kind"] == schema.MARKER_CLOSE]
-            closed = {int(r) for r in done["rank"].unique()}
+        from fsdptrace.endings import clean_ranks
+
+        closed = clean_ranks(self.markers, self.ranks)
         return {
             "run_dir": str(self.run_dir),
             "ranks": len(self.ranks),

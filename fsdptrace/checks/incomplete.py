@@ -1,5 +1,8 @@
 """Micro-steps the writer lost rows from, so the checks do not read a gap as something the job did.
 
+Aborted micro-steps (``reset_iter_state()``, an ``aborted`` marker) are cut off the same way,
+in every table: what they recorded is not how the job runs.
+
 A writer that cannot keep up drops a table's oldest buffered rows and the recorder writes one
 ``dropped_rows`` marker per contiguous run (``fsdptrace.record.dropped``). On that rank, every
 (step, micro_step) from the run's first to its last is incomplete in that table: a unit missing
@@ -44,9 +47,11 @@ def parse(markers: pd.DataFrame) -> pd.DataFrame:
     """
     if not len(markers) or "kind" not in markers:
         return empty()
-    mine = markers[markers["kind"].astype(object) == schema.MARKER_DROPPED_ROWS]
+    kind = markers["kind"].astype(object)
+    aborted = _aborted(markers[kind == schema.MARKER_ABORTED])
+    mine = markers[kind == schema.MARKER_DROPPED_ROWS]
     if not len(mine):
-        return empty()
+        return aborted
     ranks = mine["rank"].to_numpy().astype(np.int64)
     details = [_detail(d, r) for d, r in zip(mine["detail"].astype(str), ranks, strict=True)]
     fields = COLUMNS[1:-1]
@@ -57,7 +62,21 @@ def parse(markers: pd.DataFrame) -> pd.DataFrame:
     out[fields[1:]] = out[fields[1:]].apply(pd.to_numeric, errors="coerce")
     out = out.dropna(subset=fields[1:])
     out = out.astype({c: "int64" for c in fields[1:]})
-    return out.drop_duplicates().reset_index(drop=True)[COLUMNS]
+    out = out.drop_duplicates().reset_index(drop=True)[COLUMNS]
+    return pd.concat([out, aborted], ignore_index=True) if len(aborted) else out
+
+
+def _aborted(markers: pd.DataFrame) -> pd.DataFrame:
+    """``reset_iter_state()`` abandoned these micro-steps: cut off in every table."""
+    if not len(markers):
+        return empty()
+    one = pd.DataFrame({"rank": markers["rank"].to_numpy().astype(np.int64),
+                        "first_step": markers["step"].to_numpy().astype(np.int64),
+                        "first_micro_step": markers["micro_step"].to_numpy().astype(np.int64)})
+    one = one.assign(last_step=one["first_step"], last_micro_step=one["first_micro_step"],
+                     num_rows=0)
+    out = pd.concat([one.assign(table=table) for table in schema.TABLES], ignore_index=True)
+    return out[COLUMNS]
 
 
 def _detail(text: str, rank: int) -> dict[str, Any]:
@@ -78,7 +97,8 @@ def from_arrow(markers: pa.Table) -> pd.DataFrame:
     if not markers.num_rows:
         return empty()
     kind = pc.cast(markers.column("kind"), pa.string())
-    drops = markers.filter(pc.equal(kind, schema.MARKER_DROPPED_ROWS))
+    drops = markers.filter(pc.is_in(kind, pa.array([schema.MARKER_DROPPED_ROWS,
+                                                    schema.MARKER_ABORTED])))
     return parse(drops.to_pandas()) if drops.num_rows else empty()
 
 

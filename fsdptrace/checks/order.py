@@ -46,11 +46,11 @@ def first_positions(positioned: pd.DataFrame) -> pd.DataFrame:
 
 
 def stalled_ranks(markers: pd.DataFrame, ranks: pd.Series | list[int]) -> set[int]:
-    """Ranks whose recording has no clean-close marker."""
-    closed = set()
-    if len(markers):
-        closed = {int(r) for r in markers.loc[markers["kind"] == schema.MARKER_CLOSE, "rank"]}
-    return {int(r) for r in ranks} - closed
+    """Ranks whose recording did not end clean (``fsdptrace.endings``)."""
+    from fsdptrace.endings import clean_ranks
+
+    ranks = {int(r) for r in ranks}
+    return ranks - clean_ranks(markers, ranks)
 
 
 def drop_cut_off(events: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:

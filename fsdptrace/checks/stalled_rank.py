@@ -1,4 +1,4 @@
-"""Check 6, stalled-rank: ranks whose recording ends without a clean close, or is missing.
+"""Check 6, stalled-rank: ranks whose recording did not end clean, or is missing.
 
 After a hang this is what a person needs first: where each rank stopped, and which rank is
 furthest behind (the likely culprit).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdptrace import schema
+from fsdptrace import endings
 from fsdptrace.checks import findings, keys
 from fsdptrace.checks.order import GROUP, progress_key
 
@@ -34,11 +34,9 @@ def check(meta: pd.DataFrame, markers: pd.DataFrame, last: pd.DataFrame,
           ranks: list[int]) -> pd.DataFrame:
     """``ranks``: ranks with any data on disk; ``last``: ``last_positions`` of all ranks."""
     world_size = int(meta["world_size"].max()) if len(meta) else len(ranks)
-    ends = _ends(markers)
-    present = pd.DataFrame({"rank": pd.Series(ranks, dtype="int64")})
-    status = present.merge(ends, on="rank", how="left").merge(last, on="rank", how="left")
-    status["kind"] = status["kind"].astype(object).fillna("")
-    stalled = status[status["kind"] != schema.MARKER_CLOSE].copy()
+    ends = endings.rank_endings(markers, ranks)[["rank", "ending", "detail"]]
+    status = ends.merge(last, on="rank", how="left")
+    stalled = status[status["ending"] != endings.CLEAN].copy()
     rows = []
     if len(stalled):
         rows.append(_stalled(stalled, status))
@@ -51,16 +49,6 @@ def check(meta: pd.DataFrame, markers: pd.DataFrame, last: pd.DataFrame,
     return findings.combine(rows)
 
 
-def _ends(markers: pd.DataFrame) -> pd.DataFrame:
-    """Per rank, how its recording ended: close, crashed (with detail), or nothing."""
-    kinds = (schema.MARKER_CLOSE, schema.MARKER_CRASH)
-    if not len(markers):
-        return pd.DataFrame({"rank": pd.Series([], dtype="int64"), "kind": [], "detail": []})
-    ended = markers[markers["kind"].isin(kinds)].sort_values("seq")
-    ended = ended.assign(rank=ended["rank"].astype("int64"), kind=ended["kind"].astype(str))
-    return ended.drop_duplicates("rank", keep="last")[["rank", "kind", "detail"]]
-
-
 def _stalled(stalled: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     known = status.dropna(subset=["step"])
     keys = progress_key(known["step"], known["micro_step"], known["phase"], known["position"])
@@ -70,10 +58,14 @@ def _stalled(stalled: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     behind = sorted(int(r) for r in stalled.loc[stalled_keys == lowest, "rank"])
     furthest = known.loc[keys.idxmax()] if len(known) else None
     where = _where(stalled)
-    crashed = stalled["kind"] == schema.MARKER_CRASH
-    detail = stalled["detail"].astype(object).fillna("").astype(str)
-    how = ("crashed (" + detail.str.slice(0, 300) + ")").where(
-        crashed, "ended without a clean close (killed, hung, or still running)")
+    how = "ended without a clean close: " + endings.describe(stalled)
+    same = _same_stop(stalled)
+    if same is not None:
+        message = ("rank " + stalled["rank"].astype(str) + " " + how + "; stopped at " + where
+                   + "; every rank that did not end cleanly stopped here: no rank diverged "
+                   f"before the stop, so the stall is inside {same}'s collective or below it "
+                   "(device, network, a slow host)")
+        return findings.make(NAME, SEVERITY, stalled, message)
     behind_text = ("rank " if len(behind) == 1 else "ranks ") + ", ".join(map(str, behind))
     verdict = pd.Series(
         ["it is furthest behind (likely culprit of a hang)" if int(r) in behind
@@ -87,6 +79,14 @@ def _stalled(stalled: pd.DataFrame, status: pd.DataFrame) -> pd.DataFrame:
     message = ("rank " + stalled["rank"].astype(str) + " " + how + "; stopped at " + where
                + "; " + verdict + ahead)
     return findings.make(NAME, SEVERITY, stalled.assign(unit=stalled["unit"]), message)
+
+
+def _same_stop(stalled: pd.DataFrame) -> str | None:
+    """The unit where every stalled rank stopped, when they all stopped in one pass there."""
+    if len(stalled) < 2 or stalled["step"].isna().any():
+        return None
+    where = stalled[["step", "micro_step", "phase", "unit"]].astype(str).drop_duplicates()
+    return str(where["unit"].iloc[0]) if len(where) == 1 else None
 
 
 def _where(rows: pd.DataFrame) -> pd.Series:

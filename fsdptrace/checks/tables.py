@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from fsdptrace import schema
+from fsdptrace import endings, schema
 from fsdptrace.checks import incomplete
 from fsdptrace.checks.columns import Columns, Vocab
 
@@ -114,11 +113,7 @@ class RankTables:
         tables = {name: tables.get(name, _empty(name)) for name in schema.TABLES}
         vocab = Vocab()
         markers = tables["markers"]
-        closed: set[int] = set()
-        if markers.num_rows:
-            kind = pc.cast(markers.column("kind"), pa.string())
-            done = markers.filter(pc.equal(kind, schema.MARKER_CLOSE))
-            closed = {int(r) for r in pc.unique(done.column("rank")).to_pylist()}
+        closed = _closed(endings.ending_markers_arrow(markers))
         return cls(vocab=vocab, events=_events(Columns.from_arrow(tables["events"], vocab)),
                    prefetch=Columns.from_arrow(tables["prefetch"], vocab),
                    gradients=Columns.from_arrow(tables["gradients"], vocab),
@@ -142,6 +137,4 @@ def _events(events: Columns) -> Columns:
 
 
 def _closed(markers: pd.DataFrame) -> set[int]:
-    if not len(markers):
-        return set()
-    return {int(r) for r in markers.loc[markers["kind"] == schema.MARKER_CLOSE, "rank"]}
+    return endings.clean_ranks(markers)

@@ -88,10 +88,12 @@ def attach(
     from fsdptrace.record import registry
 
     registry.forget(parts)
+    run_dir = resolve_run_dir(run_dir)
+    registry.refuse_shared_run_dir(run_dir, rank)
     recorder = Recorder(
         parts,
         select_backend(parts),
-        run_dir=resolve_run_dir(run_dir),
+        run_dir=run_dir,
         rank=rank,
         world_size=world_size,
         optimizer=optimizer,

@@ -1,4 +1,4 @@
-"""The hooks the recorder puts on model parts and units, and its exit guards.
+"""The hooks the recorder puts on model parts and units.
 
 Hook order matters: FSDP registers its forward pre-hook with ``prepend=True`` at
 ``fully_shard`` time; ours are registered later, also prepended, so they run before FSDP's
@@ -9,10 +9,6 @@ Our forward hook is prepended too, so the output gradient hook it adds fires bef
 
 from __future__ import annotations
 
-import atexit
-import signal
-import threading
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +18,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from fsdptrace import schema
+from fsdptrace.record import guards
 from fsdptrace.record.writer import int_column, yield_gil
 
 if TYPE_CHECKING:
@@ -144,6 +141,7 @@ def install(rec: Recorder) -> list[Any]:
         handles.append(part.register_forward_pre_hook(_make_part_pre(rec, part_index),
                                                       prepend=True))
     handles.extend(_install_provenance(rec))
+    handles.extend(_install_endings(rec))
     return [h for h in handles if h is not None]
 
 
@@ -173,46 +171,32 @@ def _patch_methods(rec: Recorder, unit: Any, pre: Callable, post: Callable) -> A
         return None
 
 
-# --------------------------------------------------------------------- exit guards
-_live: weakref.WeakSet[Recorder] = weakref.WeakSet()
-_previous_sigterm: Any = None
-_sigterm_installed = False
+class _ResetPatch:
+    """``reset_iter_state`` wrapped on a root unit's instance; ``remove()`` unwraps it."""
+
+    def __init__(self, rec: Recorder, module: Any) -> None:
+        self.module = module
+        original = module.reset_iter_state
+
+        def reset_iter_state() -> None:
+            try:
+                rec.abort_micro_step()
+            except Exception as error:
+                rec.disable(f"reset_iter_state hook failed: {type(error).__name__}: {error}")
+            original()
+
+        module.reset_iter_state = reset_iter_state
+
+    def remove(self) -> None:
+        self.module.__dict__.pop("reset_iter_state", None)
 
 
-def _close_all() -> None:
-    for rec in list(_live):
-        try:
-            rec.close()
-        except Exception:
-            pass
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    _close_all()
-    previous = _previous_sigterm
-    if callable(previous):
-        previous(signum, frame)
-    elif previous != signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.raise_signal(signal.SIGTERM)
-
-
-def install_exit_guard(rec: Recorder) -> Recorder:
-    """Flush at interpreter exit and on SIGTERM (torchrun's way of stopping workers)."""
-    global _previous_sigterm, _sigterm_installed
-    _live.add(rec)
-    if not _sigterm_installed and threading.current_thread() is threading.main_thread():
-        try:
-            _previous_sigterm = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, _on_sigterm)
-            _sigterm_installed = True
-        except (ValueError, OSError):
-            pass
-    return rec
-
-
-def remove_exit_guard(rec: Recorder) -> None:
-    _live.discard(rec)
-
-
-atexit.register(_close_all)
+def _install_endings(rec: Recorder) -> list[Any]:
+    """What the endings need on the model: the exception stash and ``reset_iter_state``."""
+    handles: list[Any] = [part.register_forward_hook(guards.stash_forward_exception(rec),
+                                                     always_call=True) for part in rec.parts]
+    for unit in rec.units:
+        root = unit.modules[0] if unit.is_root and unit.modules else None
+        if root is not None and callable(getattr(root, "reset_iter_state", None)):
+            handles.append(_ResetPatch(rec, root))
+    return handles

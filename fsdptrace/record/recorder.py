@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from fsdptrace import schema
 from fsdptrace.errors import LifecycleError
-from fsdptrace.record import hooks, snapshots
+from fsdptrace.record import guards, hooks, snapshots
 from fsdptrace.record.backends.base import Backend, Unit
 from fsdptrace.record.dropped import MARKER_DROPPED_ROWS, DroppedRows
 from fsdptrace.record.steps import parse_steps
@@ -69,6 +69,11 @@ class Recorder:
         self._warned: set[str] = set()
         self._seq = 0
         self._micro_started = False
+        # Open from a micro-step's first root forward until ``before_optimizer_step``: a close
+        # while it is open is never clean.
+        self._micro_open = False
+        self._ending: str | None = None  # the first ending recorded wins
+        self._stashed_error: BaseException | None = None  # seen unwinding a part root's forward
         self._manual_micro_steps = False
         self._parts_seen: set[int] = set()
         self._in_eval = False
@@ -100,7 +105,7 @@ class Recorder:
         self._optimizer_handle = (
             optimizer.register_step_pre_hook(self._optimizer_pre_hook) if optimizer else None
         )
-        self._exit_guard = hooks.install_exit_guard(self)
+        guards.install(self)
 
     # ----------------------------------------------------------------- public API
     def __enter__(self) -> Recorder:
@@ -108,13 +113,13 @@ class Recorder:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: object) -> None:
-        # A LifecycleError is raised at a complete optimizer boundary with its findings on
-        # disk: nothing was cut off, so the recording ends cleanly (no stalled-rank finding,
-        # and the checks keep the last micro-step).
-        if exc is not None and not isinstance(exc, (KeyboardInterrupt, LifecycleError)):
-            self.close(error=f"{type(exc).__name__}: {exc}")
-        else:
-            self.close()
+        if isinstance(exc, LifecycleError):
+            # Raised at a complete optimizer boundary with its findings on disk: nothing was
+            # cut off, so the recording ends cleanly (the checks keep the last micro-step).
+            self._micro_open = False
+        elif exc is not None:
+            self.end_with_exception(exc)
+        self.close()
 
     def begin_micro_step(self, step: int, micro_step: int) -> None:
         """Mark a micro-step boundary yourself (trainers that number their own steps)."""
@@ -135,6 +140,8 @@ class Recorder:
 
                 raise_if_unsafe(self)
         self._mark(schema.MARKER_OPTIMIZER_STEP, 0, "")
+        self._micro_open = False
+        self._stashed_error = None
         if self.writer.num_drop_runs != self._num_drop_runs_marked:
             self._mark_dropped_rows()
         self.step += 1
@@ -156,13 +163,22 @@ class Recorder:
         self.writer.flush()
 
     def close(self, *, error: str | None = None) -> None:
-        """Remove hooks, write the close marker and flush. Safe to call twice.
+        """Remove hooks, write how the recording ended and flush. Safe to call twice.
 
-        ``error`` marks a crash (an exception left the ``with`` block): the rank did not end
-        cleanly, and the analyzer reports it with the error text.
+        ``error`` marks a crash ("Type: message"). Without one, the ending is clean only with
+        no micro-step open; a signal or exception recorded earlier stays the ending.
         """
         if self._closed:
             return
+        if error is not None:
+            self._end(schema.MARKER_CRASH, error)
+        elif self._stashed_error is not None:
+            self.end_with_exception(self._stashed_error)
+        elif self._micro_open:
+            self._end(schema.MARKER_CLOSED_MID_STEP,
+                      f"step {self.step}, micro-step {self.micro_step}")
+        else:
+            self._end(schema.MARKER_CLOSE, "")
         self._closed = True
         # Gradient hooks already on live tensors may still fire; they must not append
         # rows nobody will write.
@@ -171,17 +187,54 @@ class Recorder:
             handle.remove()
         if self._optimizer_handle is not None:
             self._optimizer_handle.remove()
-        hooks.remove_exit_guard(self._exit_guard)
+        guards.remove(self)
         # Stop the writer first: a drop after the counts were read would go unmarked.
         self.writer.stop()
         self._mark_dropped_rows()
         self._remark_lost_drop_markers()
         self._mark_dropped()
-        if error is None:
-            self._mark(schema.MARKER_CLOSE, 0, "")
-        else:
-            self._mark(schema.MARKER_CRASH, 0, error[:2000])
         self.writer.close()
+        # A closed recorder holds no reference to the model.
+        self.parts, self.units, self._handles = [], [], []
+        self._optimizer_handle = None
+        self._stashed_error = None
+
+    # ----------------------------------------------------------------- endings
+    def _end(self, kind: str, detail: str) -> bool:
+        """Record how the recording ended, once: the first ending wins."""
+        if self._ending is not None or self._closed:
+            return False
+        self._ending = kind
+        self._mark(kind, 0, detail[:2000])
+        return True
+
+    def end_with_signal(self, name: str) -> bool:
+        """*terminated* by a handled signal (from the signal watcher or the main thread)."""
+        return self._end(schema.MARKER_TERMINATED, name)
+
+    def end_with_exception(self, error: BaseException) -> bool:
+        """*crashed*: an exception left the training code (a KeyboardInterrupt is SIGINT)."""
+        if isinstance(error, KeyboardInterrupt):
+            return self.end_with_signal("SIGINT")
+        return self._end(schema.MARKER_CRASH, f"{type(error).__name__}: {error}")
+
+    def stash_exception(self, error: BaseException) -> None:
+        """An exception unwinding through a part root's forward; the close reports it unless
+        training caught it and went on (the next forward or optimizer step forgets it)."""
+        self._stashed_error = error
+
+    def abort_micro_step(self) -> None:
+        """``reset_iter_state()``: the open micro-step was abandoned, not run that way."""
+        if self._micro_open and not self._closed:
+            self._mark(schema.MARKER_ABORTED, 0, "reset_iter_state")
+        self._micro_open = False
+
+    def forked_off(self) -> None:
+        """In a forked child: record nothing, write nothing, and leave no ending behind."""
+        self._closed = True
+        self.enabled = False
+        self._recording = False
+        self.writer.abandon()
 
     @property
     def bytes_written(self) -> int:
@@ -206,6 +259,7 @@ class Recorder:
             self._in_eval = True
             return False
         self._in_eval = False
+        self._stashed_error = None
         if not self._manual_micro_steps:
             if not self._micro_started:
                 self._start_micro_step(0)
@@ -222,6 +276,7 @@ class Recorder:
     def _start_micro_step(self, micro_step: int) -> None:
         self.micro_step = micro_step
         self._micro_started = True
+        self._micro_open = True
         self._parts_seen.clear()
         if self._recording:
             self._mark(schema.MARKER_MICRO_STEP, 0, "")

@@ -141,6 +141,29 @@ class ChunkWriter:
         """Ask the writer thread to flush soon; never blocks the caller."""
         self._wake.set()
 
+    def sync(self, timeout_s: float) -> bool:
+        """Flush now and wait for it up to ``timeout_s``, never longer; True when it is done.
+
+        The flush runs on a helper thread so a filesystem that hangs cannot hold the caller
+        (a signal watcher that must let the signal act) past its bound.
+        """
+        done = threading.Thread(target=self.flush, kwargs={"drop": False},
+                                name="fsdptrace-sync", daemon=True)
+        done.start()
+        done.join(max(timeout_s, 0.0))
+        return not done.is_alive()
+
+    def abandon(self) -> None:
+        """Write nothing, ever again (a forked child's copy of its parent's writer).
+
+        Takes no lock: a lock a parent thread held at fork time is never released in the child.
+        """
+        self.failed = True
+        self._stop.set()
+        self._thread = None
+        for buffer in self.buffers.values():
+            buffer.rows.clear()
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the thread (no flush): after this, nothing is dropped behind the caller's back."""
         self._stop.set()

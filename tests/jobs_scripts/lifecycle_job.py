@@ -1,0 +1,119 @@
+"""A recorded process lives and dies as it would without fsdptrace (one rank, gloo, CPU).
+
+Cases (``<out>/<case>.json`` holds what the case observed):
+
+- ``fork``: attach, train a step, flush; hash every file of the run dir; ``os.fork()`` a child
+  that trains a step and exits normally; hash again (the parent's files must not change);
+- ``gc``: attach, train, close, ``del``: is the model garbage-collected (a weakref)?
+- ``two-models``: attach two models into one run dir: the second is refused;
+- ``reset``: a micro-step's forward, then ``reset_iter_state()`` instead of its backward (the
+  micro-step is aborted), then whole steps and a close.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import os
+import sys
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import fsdptrace
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "examples"))
+import scenarios  # noqa: E402
+
+
+def _step(model: Any, optimizer: Any) -> None:
+    tokens = torch.randint(0, 32, (32,), generator=torch.Generator().manual_seed(0))
+    model(tokens).float().pow(2).mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _hashes(run_dir: Path) -> dict[str, str]:
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def fork(out: Path) -> dict[str, Any]:
+    model, optimizer = scenarios.build(scenarios.Scenario(), 0)
+    rec = fsdptrace.attach(model, run_dir=out / "run", optimizer=optimizer)
+    _step(model, optimizer)
+    _step(model, optimizer)
+    tokens = torch.randint(0, 32, (32,))
+    model(tokens).float().pow(2).mean()  # a micro-step open, rows buffered, at the fork
+    rec.flush()
+    before = _hashes(out / "run")
+    pid = os.fork()
+    if pid == 0:  # the child trains on and exits normally (exit handlers run)
+        _step(model, optimizer)
+        sys.exit(0)
+    _, status = os.waitpid(pid, 0)
+    after = _hashes(out / "run")
+    rec.close()
+    return {"child_status": status, "same": before == after, "num_files": len(before)}
+
+
+def collected(out: Path) -> dict[str, Any]:
+    model, optimizer = scenarios.build(scenarios.Scenario(), 0)
+    rec = fsdptrace.attach(model, run_dir=out / "run", optimizer=optimizer)
+    _step(model, optimizer)
+    rec.close()
+    alive = weakref.ref(model)
+    del model, optimizer, rec
+    gc.collect()
+    return {"collected": alive() is None}
+
+
+def two_models(out: Path) -> dict[str, Any]:
+    first, opt_first = scenarios.build(scenarios.Scenario(), 0)
+    second, opt_second = scenarios.build(scenarios.Scenario(), 0)
+    rec = fsdptrace.attach(first, run_dir=out / "run", optimizer=opt_first)
+    try:
+        fsdptrace.attach(second, run_dir=out / "run", optimizer=opt_second)
+        refused = ""
+    except fsdptrace.FsdptraceError as error:
+        refused = str(error)
+    again = fsdptrace.attach(first, run_dir=out / "run", optimizer=opt_first)  # same parts
+    rec.close()
+    again.close()
+    return {"refused": refused}
+
+
+def reset(out: Path) -> dict[str, Any]:
+    model, optimizer = scenarios.build(scenarios.Scenario(), 0)
+    rec = fsdptrace.attach(model, run_dir=out / "run", optimizer=optimizer)
+    _step(model, optimizer)
+    model(torch.randint(0, 32, (32,)))  # a forward whose backward never comes
+    model.reset_iter_state()
+    optimizer.zero_grad()
+    _step(model, optimizer)
+    _step(model, optimizer)
+    rec.close()
+    return {}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("case", choices=["fork", "gc", "two-models", "reset"])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dist.init_process_group("gloo")
+    run = {"fork": fork, "gc": collected, "two-models": two_models, "reset": reset}[args.case]
+    (args.out / f"{args.case}.json").write_text(json.dumps(run(args.out)))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""How a rank ended, told truly: real 2-rank FSDP2 jobs (gloo, CPU) stopped every way jobs stop.
+
+Rank 1 stops inside ``layers.1``'s forward at step 2 (``tests/jobs_scripts/ending_job.py``,
+which writes the truth before it stops). Each ending must be recorded as itself, and
+``fsdptrace.analyze`` must report stalled-rank for rank 1 there with that ending and nothing
+else from the cut-off pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import fsdptrace
+from fsdptrace import endings
+from tests.jobs import REPO, assert_ok, free_port, kill_all, run_ranks, start_ranks
+from tests.jobs_scripts.tables import read_table
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = "tests/jobs_scripts/ending_job.py"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    """A launcher process (torchrun or ``mp.spawn``) in its own session, killed as a group."""
+    return subprocess.Popen([sys.executable, *args], env=_env(), cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _torchrun(*args: str) -> list[str]:
+    return ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+            "127.0.0.1", "--master-port", str(free_port()), SCRIPT, *args]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _wait_truth(out: Path, deadline_s: float = 120.0) -> tuple:
+    deadline = time.monotonic() + deadline_s
+    path = out / "truth.json"
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            time.sleep(1.0)  # rank 0 reaches its next collective and blocks there
+            return tuple(json.loads(path.read_text()))
+        time.sleep(0.2)
+    raise AssertionError(f"rank 1 never reached its stop: {out}")
+
+
+def _ending(run_dir: Path, rank: int) -> tuple[str, str]:
+    found = endings.rank_endings(read_table(run_dir, "markers"), [0, 1])
+    row = found[found["rank"] == rank].iloc[0]
+    return str(row["ending"]), str(row["detail"])
+
+
+def _assert_stalled(run_dir: Path, truth: tuple, ending: str) -> None:
+    """Stalled-rank for rank 1, at the truth when its events reached the disk; nothing else."""
+    found = fsdptrace.analyze(run_dir)
+    assert set(found["check"]) == {"stalled-rank"}, found[["check", "rank", "message"]]
+    message = str(found.loc[found["rank"] == 1, "message"].iloc[0])
+    assert ending in message, message
+    step, micro, phase, unit, _ = truth
+    assert f"stopped at step {step}, micro-step {micro}, {phase}, last unit entered {unit} " \
+        in message
+
+
+def test_sigterm_to_torchrun_during_a_hang_is_terminated(tmp_path: Path) -> None:
+    proc = _start(_torchrun("--out", str(tmp_path), "hang"))
+    try:
+        truth = _wait_truth(tmp_path)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        _kill_group(proc)
+    run_dir = tmp_path / "run"
+    for rank in (0, 1):
+        assert _ending(run_dir, rank) == ("terminated", "SIGTERM")
+    _assert_stalled(run_dir, truth, "was terminated by SIGTERM")
+
+
+def test_sigint_is_terminated_not_a_keyboard_interrupt_crash(tmp_path: Path) -> None:
+    procs = start_ranks([SCRIPT, "--out", str(tmp_path), "hang"])
+    try:
+        truth = _wait_truth(tmp_path)
+        procs[1].send_signal(signal.SIGINT)
+        out, _ = procs[1].communicate(timeout=60)
+    finally:
+        kill_all(procs)
+    # Python re-raises an uncaught KeyboardInterrupt's SIGINT at exit, as without fsdptrace.
+    assert procs[1].returncode == -signal.SIGINT and "KeyboardInterrupt" in out
+    run_dir = tmp_path / "run"
+    assert _ending(run_dir, 1) == ("terminated", "SIGINT")
+    _assert_stalled(run_dir, truth, "was terminated by SIGINT")
+
+
+def test_uncaught_exception_under_torchrun_is_crashed(tmp_path: Path) -> None:
+    proc = _start(_torchrun("--out", str(tmp_path), "raise"))
+    try:
+        proc.wait(timeout=120)
+    finally:
+        _kill_group(proc)
+    assert proc.returncode != 0
+    run_dir = tmp_path / "run"
+    truth = tuple(json.loads((tmp_path / "truth.json").read_text()))
+    assert _ending(run_dir, 1) == ("crashed", "RuntimeError: planted failure in layers.1")
+    _assert_stalled(run_dir, truth, "crashed (RuntimeError: planted failure in layers.1)")
+
+
+def test_exception_under_mp_spawn_is_crashed(tmp_path: Path) -> None:
+    """``mp.spawn`` catches the exception and exits 1: no excepthook runs in the child."""
+    port = str(free_port())
+    proc = subprocess.Popen([sys.executable, SCRIPT, "--out", str(tmp_path), "--spawn", "raise"],
+                            env={**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+                            cwd=REPO, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc.wait(timeout=120)
+    finally:
+        _kill_group(proc)
+    assert proc.returncode != 0
+    run_dir = tmp_path / "run"
+    truth = tuple(json.loads((tmp_path / "truth.json").read_text()))
+    assert _ending(run_dir, 1) == ("crashed", "RuntimeError: planted failure in layers.1")
+    _assert_stalled(run_dir, truth, "crashed (RuntimeError: planted failure in layers.1)")
+
+
+def _killed(tmp_path: Path, sig: signal.Signals) -> tuple:
+    procs = start_ranks([SCRIPT, "--out", str(tmp_path), "hang"])
+    try:
+        truth = _wait_truth(tmp_path)
+        procs[1].send_signal(sig)
+        procs[1].wait(timeout=60)
+    finally:
+        kill_all(procs)
+    assert procs[1].returncode == -sig
+    return truth
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGABRT], ids=["SIGKILL", "SIGABRT"])
+def test_killed_rank_has_no_ending_and_is_stalled(tmp_path: Path, sig: signal.Signals) -> None:
+    _killed(tmp_path, sig)
+    run_dir = tmp_path / "run"
+    assert _ending(run_dir, 1) == ("killed or hung", "")
+    found = fsdptrace.analyze(run_dir)
+    assert set(found["check"]) == {"stalled-rank"}, found[["check", "rank", "message"]]
+    message = str(found.loc[found["rank"] == 1, "message"].iloc[0])
+    assert "killed, hung, or still running" in message
+
+
+@pytest.mark.xfail(strict=True, reason="needs the journal (issue 15 item 2)")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGABRT], ids=["SIGKILL", "SIGABRT"])
+def test_killed_rank_stalled_where_it_stopped(tmp_path: Path, sig: signal.Signals) -> None:
+    """Step 2's events are only in memory when the process dies (60 s flush interval)."""
+    truth = _killed(tmp_path, sig)
+    _assert_stalled(tmp_path / "run", truth, "killed, hung, or still running")
+
+
+def _seconds_to_die(tmp_path: Path, *, plain: bool) -> float:
+    args = [SCRIPT, "--out", str(tmp_path), "--flush", "0.2", "blocked"]
+    procs = start_ranks(args + (["--plain"] if plain else []))
+    try:
+        pid_file = tmp_path / "blocked.pid"
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # rank 0 is inside gloo's all-reduce now
+        start = time.monotonic()
+        procs[0].send_signal(signal.SIGTERM)
+        procs[0].wait(timeout=30)
+        elapsed = time.monotonic() - start
+    finally:
+        kill_all(procs)
+    assert procs[0].returncode == -signal.SIGTERM
+    return elapsed
+
+
+def test_sigterm_kills_a_rank_blocked_in_gloo_as_fast_as_unrecorded(tmp_path: Path) -> None:
+    plain = _seconds_to_die(tmp_path / "plain", plain=True)
+    recorded = _seconds_to_die(tmp_path / "recorded", plain=False)
+    print(f"seconds to die from SIGTERM while blocked: plain {plain:.3f}, "
+          f"recorded {recorded:.3f}")
+    assert plain < 1.0 and recorded < 1.0
+    assert _ending(tmp_path / "recorded" / "run", 0) == ("terminated", "SIGTERM")
+
+
+# ------------------------------------------------------------------ lives as without fsdptrace
+def _lifecycle(tmp_path: Path, case: str) -> dict:
+    results = run_ranks(["tests/jobs_scripts/lifecycle_job.py", "--out", str(tmp_path), case],
+                        nproc=1)
+    assert_ok(results)
+    return json.loads((tmp_path / f"{case}.json").read_text())
+
+
+def test_a_forked_child_leaves_the_parents_files_byte_identical(tmp_path: Path) -> None:
+    seen = _lifecycle(tmp_path, "fork")
+    assert seen["child_status"] == 0 and seen["num_files"] > 0
+    assert seen["same"]
+    assert _ending(tmp_path / "run", 0)[0] == "closed mid-step"
+
+
+def test_a_closed_recorder_lets_the_model_be_collected(tmp_path: Path) -> None:
+    assert _lifecycle(tmp_path, "gc")["collected"]
+
+
+def test_two_models_into_one_run_dir_are_refused(tmp_path: Path) -> None:
+    refused = _lifecycle(tmp_path, "two-models")["refused"]
+    assert "already records another model" in refused
+
+
+def test_reset_iter_state_aborts_the_open_micro_step(tmp_path: Path) -> None:
+    _lifecycle(tmp_path, "reset")
+    run_dir = tmp_path / "run"
+    markers = read_table(run_dir, "markers")
+    aborted = markers[markers["kind"] == "aborted"]
+    assert [(int(s), int(m)) for s, m in zip(aborted["step"], aborted["micro_step"],
+                                               strict=True)] == [(1, 0)]
+    assert _ending(run_dir, 0) == ("clean", "")
+    # The aborted forward is cut off: no check reads its missing backward as a finding.
+    assert not len(fsdptrace.analyze(run_dir))
