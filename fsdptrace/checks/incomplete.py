@@ -1,7 +1,7 @@
 """Micro-steps the writer lost rows from, so the checks do not read a gap as something the job did.
 
-A writer that cannot keep up drops a table's oldest buffered rows and the recorder writes one
-``dropped_rows`` marker per contiguous run (``fsdptrace.record.dropped``). On that rank, every
+A schema-1 writer that could not keep up dropped a table's oldest buffered rows and wrote one
+``dropped_rows`` marker per contiguous run (schema 2 never drops). On that rank, every
 (step, micro_step) from the run's first to its last is incomplete in that table: a unit missing
 there may be a lost row. The checks that would misread such a gap skip those micro-steps
 (orders, provenance) or optimizer steps (boundary snapshots) instead.
