@@ -37,14 +37,15 @@ class Segments:
     """Creates one table's segment files in order and remembers the full ones."""
 
     def __init__(self, directory: Path, table: str, writer: str, kind: int, record_size: int,
-                 vocab: dict[str, Sequence[str]], on_failure: Callable[[BaseException], None]
+                 vocab: dict[str, Sequence[str]], on_failure: Callable[[BaseException], None],
+                 segment_bytes: tuple[int, int] = (FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
                  ) -> None:
         self.directory, self.table, self.writer = directory, table, writer
         self.kind, self.record_size = kind, record_size
         self.vocab = json.dumps({k: list(v) for k, v in vocab.items()}).encode()
         self.offset = -(-(HEADER.size + len(self.vocab)) // 8) * 8
         self.on_failure = on_failure
-        self.next_bytes = FIRST_SEGMENT_BYTES
+        self.next_bytes, self.max_bytes = segment_bytes
         self.index = 0
         self.full: list[int] = []  # indexes of finished segments, appended in order
         self.failed = False
@@ -57,7 +58,7 @@ class Segments:
         if self.failed or self.abandoned:
             return None
         size = max(self.next_bytes, -(-(self.offset + min_bytes) // _PAGE) * _PAGE)
-        self.next_bytes = min(self.next_bytes * 2, MAX_SEGMENT_BYTES)
+        self.next_bytes = min(self.next_bytes * 2, self.max_bytes)
         path = self.directory / SEGMENT_FILE.format(table=self.table, writer=self.writer,
                                                     index=self.index + 1)
         try:
@@ -172,11 +173,14 @@ Table = FixedTable | FramedTable
 
 
 def open_table(directory: Path, table: str, writer: str, vocab: dict[str, Sequence[str]],
-               on_failure: Callable[[BaseException], None]) -> Table:
+               on_failure: Callable[[BaseException], None],
+               segment_bytes: tuple[int, int] = (FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
+               ) -> Table:
     from fsdptrace.journal_format import FIXED_TABLES
 
     if table in FIXED_TABLES:
         fmt = fixed_format(table)
         return FixedTable(Segments(directory, table, writer, KIND_FIXED, struct.calcsize(fmt),
-                                   vocab, on_failure), fmt)
-    return FramedTable(Segments(directory, table, writer, KIND_FRAMED, 0, {}, on_failure))
+                                   vocab, on_failure, segment_bytes), fmt)
+    return FramedTable(Segments(directory, table, writer, KIND_FRAMED, 0, {}, on_failure,
+                                segment_bytes))

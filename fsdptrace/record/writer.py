@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from fsdptrace import journal_read, schema
 from fsdptrace.journal_format import JOURNAL_DIR, RANGE_PART_FILE, RANGE_PART_NAME, SEGMENT_FILE
-from fsdptrace.record.journal import Table, open_table
+from fsdptrace.record.journal import FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES, Table, open_table
 
 log = logging.getLogger("fsdptrace")
 
@@ -47,6 +47,7 @@ class ChunkWriter:
         writer_id: str,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         on_failure: Callable[[BaseException], None] | None = None,
+        segment_bytes: tuple[int, int] = (FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES),
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
@@ -54,6 +55,7 @@ class ChunkWriter:
         self.writer_id = writer_id
         self.flush_interval_s = flush_interval_s
         self.on_failure = on_failure
+        self.segment_bytes = segment_bytes  # (first, largest): tests make them small
         self.journal_dir = self.run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)
         self.journal_dir.mkdir(parents=True, exist_ok=True)
         self.tables: dict[str, Table] = {}
@@ -72,7 +74,7 @@ class ChunkWriter:
         """
         if table not in self.tables:
             self.tables[table] = open_table(self.journal_dir, table, self.writer_id,
-                                            vocab or {}, self._fail)
+                                            vocab or {}, self._fail, self.segment_bytes)
         return self.tables[table]
 
     def _fail(self, error: BaseException) -> None:
