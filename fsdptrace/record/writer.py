@@ -57,10 +57,16 @@ class ChunkWriter:
         self.on_failure = on_failure
         self.segment_bytes = segment_bytes  # (first, largest): tests make them small
         self.journal_dir = self.run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)
-        self.journal_dir.mkdir(parents=True, exist_ok=True)
         self.tables: dict[str, Table] = {}
         self.converted: dict[str, int] = {}  # table -> last segment index turned into Parquet
         self.failed = False
+        # Reported by the recorder once it can warn (``report_init_error``), not raised:
+        # recording must never break training.
+        self.init_error: OSError | None = None
+        try:
+            self.journal_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            self.failed, self.init_error = True, error
         self.bytes_written = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -75,6 +81,7 @@ class ChunkWriter:
         if table not in self.tables:
             self.tables[table] = open_table(self.journal_dir, table, self.writer_id,
                                             vocab or {}, self._fail, self.segment_bytes)
+            self.tables[table].segments.failed = self.failed
         return self.tables[table]
 
     def _fail(self, error: BaseException) -> None:
