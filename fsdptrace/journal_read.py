@@ -54,6 +54,9 @@ def read_segment(path: Path, table: str) -> pa.Table:
         data = path.read_bytes()
     except OSError as error:
         raise RunDirError(f"{path}: unreadable journal segment ({error})") from None
+    if not data.strip(b"\0"):
+        # Created, but the rank died (or the disk filled) before its header was written.
+        return schema.TABLES[table].remove_metadata().empty_table()
     if len(data) < HEADER.size:
         raise RunDirError(f"{path}: not a journal segment ({len(data)} bytes, no header)")
     magic, kind, record_size, offset, vocab_len = HEADER.unpack_from(data)

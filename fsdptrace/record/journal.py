@@ -70,6 +70,10 @@ class Segments:
                 os.close(fd)
         except OSError as error:
             self.failed = True
+            try:
+                path.unlink()  # an empty segment would only say what the warning says
+            except OSError:
+                pass
             self.on_failure(error)
             return None
         HEADER.pack_into(mapped, 0, MAGIC, self.kind, self.record_size, self.offset,

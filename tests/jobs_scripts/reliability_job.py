@@ -97,13 +97,14 @@ def train(case: str, *, out: Path, run_root: Path, rank: int, steps: int) -> dic
     if case == "not-a-dir":
         (out / "a-file").write_text("not a directory")
     flush = {"long": 0.05, "hang": 0.2, "signals": 60.0, "disk-full": 0.05}.get(case, 2.0)
-    recorder = (nullcontext(None) if case == "plain" else fsdptrace.attach(
-        model, run_dir=run_dir, optimizer=optimizer, raise_on_violation=case == "raise",
-        flush_interval_s=flush))
     losses: list[str] = []
     observed: dict[str, Any] = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        # Inside: a run dir that cannot hold the journal warns at attach.
+        recorder = (nullcontext(None) if case == "plain" else fsdptrace.attach(
+            model, run_dir=run_dir, optimizer=optimizer, raise_on_violation=case == "raise",
+            flush_interval_s=flush))
         with recorder as rec:
             if case == "hang":
                 _watch_last_unit(rec, out / f"truth.rank{rank}.json")
