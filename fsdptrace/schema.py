@@ -27,6 +27,9 @@ RANK_KEY = b"fsdptrace.rank"
 
 TABLE_DIR = "{table}"
 RANK_DIR = "rank={rank}"
+# A part named by a chunk number: schema-1 writers, and generators of synthetic run dirs.
+# The recorder names its parts by journal segment range (``journal_format.RANGE_PART_FILE``).
+PART_FILE = "part-{writer}-{chunk:06d}.parquet"
 TEMP_SUFFIX = ".tmp"
 
 FORWARD = "forward"
