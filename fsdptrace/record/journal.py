@@ -162,11 +162,17 @@ class FramedTable:
         self._pos = self.segments.offset
         return True
 
-    def seal(self) -> None:
-        with self._lock:
+    def seal(self, timeout_s: float = 1.0) -> None:
+        # Bounded: another thread may hold the lock while creating a segment on a frozen
+        # filesystem; then its segment simply stays unconverted in the journal.
+        locked = self._lock.acquire(timeout=timeout_s)
+        try:
             self.segments.abandoned = True
-            if self._end:
+            if locked and self._end:
                 self._roll(0)
+        finally:
+            if locked:
+                self._lock.release()
 
     def abandon(self) -> None:
         self.segments.abandoned = True
