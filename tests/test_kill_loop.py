@@ -29,6 +29,7 @@ def test_sigkill_loses_nothing_the_rank_recorded(tmp_path: Path) -> None:
                           "--ports", ports], timeout_s=240):
         assert res.returncode == 0, res.output
     results = {r: json.loads((tmp_path / f"results.rank{r}.json").read_text()) for r in (0, 1)}
+    num_converted = 0
     for index in range(NUM_RUNS):
         run_dir, victim = tmp_path / f"run{index:02d}", results[0][index]["victim"]
         # The peer may die of the gloo error first: its files must read all the same.
@@ -47,3 +48,6 @@ def test_sigkill_loses_nothing_the_rank_recorded(tmp_path: Path) -> None:
             truth["seq"], truth["step"], truth["micro_step"], truth["phase"], truth["unit"]
         ), index
         assert len(events) == events["seq"].nunique()
+        converted = list((run_dir / "events" / f"rank={victim}").glob("part-*.parquet"))
+        num_converted += len(converted) > 1  # more than the empty part of the start
+    assert num_converted >= NUM_RUNS // 2, "kills never landed after a conversion"

@@ -28,7 +28,10 @@ from torch.distributed.fsdp import fully_shard
 import fsdptrace
 from fsdptrace import schema
 
-MAX_EVENTS = 2000  # a 64 KiB events segment holds 1,600: some runs die after a conversion
+MAX_EVENTS = 1000
+# Events and all-gathers segments of 4-8 KiB (a few dozen rows): the writer thread converts
+# and deletes segments all through each run, so kills land between any two of its steps.
+SMALL_SEGMENTS = (4096, 8192)
 
 
 def child(run_dir: Path, truth: Path, port: int, rank: int, kill_at: int | None) -> None:
@@ -41,6 +44,9 @@ def child(run_dir: Path, truth: Path, port: int, rank: int, kill_at: int | None)
     fully_shard(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     rec = fsdptrace.attach(model, run_dir=run_dir, optimizer=optimizer, flush_interval_s=0.01)
+    for table in ("events", "allgathers"):  # created at attach, first segment not yet
+        segments = rec.writer.tables[table].segments
+        segments.next_bytes, segments.max_bytes = SMALL_SEGMENTS
     if kill_at is not None:
         original = rec.record_unit
 
