@@ -9,7 +9,9 @@ garbage bytes in the journal.
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -122,3 +124,22 @@ def test_abandon_writes_and_deletes_nothing(tmp_path: Path) -> None:
     assert _seqs(tmp_path) == list(range(1, 11))
     for path in tmp_path.rglob("*.parquet"):
         pq.read_table(path)
+
+
+def test_close_returns_in_time_when_the_filesystem_blocks(tmp_path: Path) -> None:
+    """A writer stuck in a filesystem call (here: opening a FIFO nobody reads) holds nothing
+    the caller waits on: ``close`` returns at its timeout and the rows stay in the journal."""
+    partition = tmp_path / "meta" / "rank=0"
+    partition.mkdir(parents=True)
+    stuck = partition / ".part-j1_000000001-000000-000000.parquet.tmp"
+    os.mkfifo(stuck)
+    writer = _writer(tmp_path)
+    writer.start()
+    _append_events(writer, 1, 500)
+    started = time.monotonic()
+    assert writer.close(0.5) is False
+    assert time.monotonic() - started < 2.0
+    assert _seqs(tmp_path) == list(range(1, 501))
+    # Let the stuck thread go: it finds no reader, fails, and stops.
+    with open(os.open(stuck, os.O_RDONLY | os.O_NONBLOCK), "rb"):
+        pass
