@@ -160,7 +160,8 @@ class HookTimer:
         return wrapper
 
     def wrap_flush(self, writer: Any) -> None:
-        original = writer.flush
+        """Time the writer's work per wake: turning full journal segments into Parquet."""
+        original = writer.convert_full
 
         def flush(**kwargs: Any) -> None:
             self._flush_starts += 1
@@ -172,7 +173,7 @@ class HookTimer:
                 self.flush_ns.append(time.perf_counter_ns() - t0)
                 self._flushing = False
 
-        writer.flush = flush
+        writer.convert_full = flush
 
     def install(self, rec: Any) -> None:
         from torch.utils.hooks import RemovableHandle

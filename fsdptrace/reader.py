@@ -15,8 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdptrace import schema, validate
+from fsdptrace import journal_read, schema, validate
 from fsdptrace.errors import RunDirError
+from fsdptrace.journal_format import JOURNAL_DIR, RANGE_PART_NAME
 
 _PART_FILE = re.compile(r"^part-.*\.parquet$")
 
@@ -27,7 +28,7 @@ def check_run_dir(run_dir: Path) -> None:
         raise RunDirError(f"run dir {run_dir} does not exist")
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is not a directory (expected a fsdptrace run dir)")
-    if not any(rank_dirs(run_dir, table) for table in schema.REQUIRED_TABLES):
+    if not any(rank_dirs(run_dir, table) for table in (*schema.REQUIRED_TABLES, JOURNAL_DIR)):
         raise RunDirError(
             f"no rank partitions under {run_dir}: is this a fsdptrace run dir? "
             "(expected meta/rank=<n>/part-*.parquet and units/rank=<n>/...)"
@@ -57,12 +58,39 @@ def discover_ranks(run_dir: Path) -> list[int]:
     ranks: set[int] = set()
     for table in schema.TABLES:
         ranks.update(rank_dirs(run_dir, table))
+    ranks.update(rank_dirs(run_dir, JOURNAL_DIR))  # a rank killed before its first part
     return sorted(ranks)
 
 
 def part_files(partition: Path) -> list[Path]:
-    """Complete chunk files of a partition; temp files of an interrupted write are skipped."""
-    return sorted(p for p in partition.iterdir() if p.is_file() and _PART_FILE.match(p.name))
+    """Complete chunk files of a partition; temp files of an interrupted write are skipped.
+
+    Of schema-2 parts, one whose segment range lies inside another part's range of the same
+    writer is skipped: a compaction was interrupted after its rename.
+    """
+    files = sorted(p for p in partition.iterdir() if p.is_file() and _PART_FILE.match(p.name))
+    ranges = covered_ranges(files)
+    return [p for p in files if not _inside_another(p, ranges)]
+
+
+def covered_ranges(files: list[Path]) -> dict[str, list[tuple[int, int]]]:
+    """``{writer: [(first, last), ...]}`` of the schema-2 parts among ``files``."""
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for path in files:
+        match = RANGE_PART_NAME.match(path.name)
+        if match:
+            ranges.setdefault(match["writer"], []).append((int(match["first"]),
+                                                           int(match["last"])))
+    return ranges
+
+
+def _inside_another(path: Path, ranges: dict[str, list[tuple[int, int]]]) -> bool:
+    match = RANGE_PART_NAME.match(path.name)
+    if not match:
+        return False
+    first, last = int(match["first"]), int(match["last"])
+    return any(a <= first and last <= b and (a, b) != (first, last)
+               for a, b in ranges[match["writer"]])
 
 
 def read_file(path: Path, table: str) -> pa.Table:
@@ -91,11 +119,11 @@ def read_file(path: Path, table: str) -> pa.Table:
     if version is None:
         raise RunDirError(f"{path}: not written by fsdptrace (no schema version in the footer)")
     writer = metadata.get(schema.FSDPTRACE_VERSION_KEY, b"?").decode(errors="replace")
-    if version.decode(errors="replace") != str(schema.SCHEMA_VERSION):
+    if version.decode(errors="replace") not in {str(v) for v in schema.READABLE_SCHEMA_VERSIONS}:
         raise RunDirError(
             f"{path}: written by fsdptrace {writer} with schema "
             f"{version.decode(errors='replace')}; this fsdptrace reads schema "
-            f"{schema.SCHEMA_VERSION}"
+            f"{' and '.join(map(str, schema.READABLE_SCHEMA_VERSIONS))}"
         )
     missing = [name for name in expected.names if name not in data.column_names]
     if missing:
@@ -127,6 +155,7 @@ def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
     partition = run_dir / table / schema.RANK_DIR.format(rank=rank)
     files = part_files(partition) if partition.is_dir() else []
     parts = [read_file(path, table) for path in files]
+    parts += _journal_tail(run_dir, table, rank, covered_ranges(files))
     data = _concat(parts, schema.TABLES[table])
     if table == "meta":
         highest = max(rank_dirs(run_dir, "meta"), default=rank)
@@ -134,6 +163,20 @@ def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
     elif table == "markers":
         validate.check_drop_details(data, partition=partition)
     return _with_rank(data, rank)
+
+
+def _journal_tail(run_dir: Path, table: str, rank: int,
+                  ranges: dict[str, list[tuple[int, int]]]) -> list[pa.Table]:
+    """Rows a rank left in its journal: segments no part covers (a deletion may have been cut)."""
+    journal = run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)
+    tail = []
+    for writer, index, path in journal_read.segments(journal, table):
+        if any(a <= index <= b for a, b in ranges.get(writer, ())):
+            continue
+        data = journal_read.read_segment(path, table)
+        validate.check_values(data, table=table, path=path)
+        tail.append(data)
+    return tail
 
 
 def read_ranks(run_dir: Path, table: str, ranks: Iterable[int]) -> pa.Table:

@@ -1,25 +1,34 @@
 """The on-disk format of a run dir: one declared, versioned schema per table.
 
-Every table lives at ``RUN_DIR/<table>/rank=<r>/part-<writer>-<n>.parquet`` (hive partitioning),
+Every table lives at ``RUN_DIR/<table>/rank=<r>/part-*.parquet`` (hive partitioning),
 so pandas, DuckDB, Polars and Spark read a whole run as it is. The rank is carried by the
 partition path, not by a column in the files, so that hive-aware readers do not see it twice;
 ``fsdptrace.load`` adds it back as a column.
 
 Bump ``SCHEMA_VERSION`` whenever a column changes meaning or type; the loader refuses files
 written with a version it does not know instead of guessing.
+
+Schema 2 (the memory-mapped journal) names parts by the journal segments they hold,
+``part-<writer>-<first>-<last>.parquet``, keeps the tail a rank did not convert under
+``RUN_DIR/journal/rank=<r>/`` (see ``journal_format``) and has every table from the start; the
+columns are those of schema 1, which is still read (its run dirs may hold ``dropped_rows``
+markers).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
 SCHEMA_VERSION_KEY = b"fsdptrace.schema_version"
 FSDPTRACE_VERSION_KEY = b"fsdptrace.version"
 RANK_KEY = b"fsdptrace.rank"
 
 TABLE_DIR = "{table}"
 RANK_DIR = "rank={rank}"
+# A part named by a chunk number: schema-1 writers, and generators of synthetic run dirs.
+# The recorder names its parts by journal segment range (``journal_format.RANGE_PART_FILE``).
 PART_FILE = "part-{writer}-{chunk:06d}.parquet"
 TEMP_SUFFIX = ".tmp"
 
@@ -39,7 +48,7 @@ ENDING_MARKERS = (MARKER_CLOSE, MARKER_CRASH, MARKER_TERMINATED, MARKER_CLOSED_M
 # ``reset_iter_state()`` abandoned the open micro-step: it is cut off, not run that way.
 MARKER_ABORTED = "aborted"
 MARKER_DROPPED = "dropped"
-# One per contiguous run of rows the writer dropped (detail: JSON, see ``record.dropped``).
+# One per contiguous run of rows the writer dropped (detail: JSON; schema-1 run dirs only).
 MARKER_DROPPED_ROWS = "dropped_rows"
 MARKER_DISABLED = "recording_disabled"
 MARKER_GRAD_SYNC = "gradient_sync"

@@ -223,26 +223,3 @@ def test_a_corrupt_marker_detail_is_a_run_dir_error(detail: str) -> None:
     b.marker(0, 1, 0, schema.MARKER_DROPPED_ROWS, count=3, detail=detail)
     with pytest.raises(RunDirError, match="dropped_rows marker's detail is not a JSON object"):
         analyze(b.build())
-
-
-# ------------------------------------------------------------------- a real FSDP2 job
-@pytest.fixture(scope="module")
-def capped_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``tests/test_recorder_dropped.py``'s job: 1 rank, writer capped at a few rows."""
-    from tests.jobs import assert_ok, run_ranks
-
-    out = tmp_path_factory.mktemp("capped")
-    assert_ok(run_ranks(["tests/test_recorder_dropped.py", "--out", str(out)], nproc=1,
-                        timeout_s=180))
-    return out / "run"
-
-
-@pytest.mark.slow
-def test_real_capped_recording_has_no_false_findings(capped_run: Path) -> None:
-    assert len(incomplete_ranges(capped_run))
-    assert analyze(capped_run, jobs=1).empty
-    trace = load(capped_run)
-    unmarked = trace.markers["kind"] != schema.MARKER_DROPPED_ROWS
-    trace.markers = trace.markers[unmarked]
-    assert len(analyze(trace)), "without the markers the gaps read as findings"
-    assert analyze(load(capped_run)).empty

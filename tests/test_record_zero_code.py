@@ -26,7 +26,7 @@ SCRIPTS = REPO / "tests" / "jobs_scripts"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 NUM_STEPS, NUM_MICRO_STEPS = 3, 2
 LAYERS = ["layers.0", "layers.1", "layers.2"]
-PART_FILE = re.compile(r"part-(?P<writer>.+)-\d{6}\.parquet$")
+PART_FILE = re.compile(r"part-(?P<writer>[^-]+)-\d{6}-\d{6}\.parquet$")
 
 
 # --------------------------------------------------------------------- reading a run dir

@@ -3,8 +3,8 @@
 Aborted micro-steps (``reset_iter_state()``, an ``aborted`` marker) are cut off the same way,
 in every table: what they recorded is not how the job runs.
 
-A writer that cannot keep up drops a table's oldest buffered rows and the recorder writes one
-``dropped_rows`` marker per contiguous run (``fsdptrace.record.dropped``). On that rank, every
+A schema-1 writer that could not keep up dropped a table's oldest buffered rows and wrote one
+``dropped_rows`` marker per contiguous run (schema 2 never drops). On that rank, every
 (step, micro_step) from the run's first to its last is incomplete in that table: a unit missing
 there may be a lost row. The checks that would misread such a gap skip those micro-steps
 (orders, provenance) or optimizer steps (boundary snapshots) instead.

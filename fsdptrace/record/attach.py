@@ -13,7 +13,7 @@ import torch.nn as nn
 from fsdptrace.errors import FsdptraceError
 from fsdptrace.record.backends.base import Backend
 from fsdptrace.record.recorder import DEFAULT_RUNS_ROOT, RUN_DIR_ENV, Recorder
-from fsdptrace.record.writer import DEFAULT_FLUSH_INTERVAL_S
+from fsdptrace.record.writer import DEFAULT_CLOSE_TIMEOUT_S, DEFAULT_FLUSH_INTERVAL_S
 
 STEPS_ENV = "FSDPTRACE_STEPS"
 RAISE_ENV = "FSDPTRACE_RAISE"
@@ -67,6 +67,7 @@ def attach(
     world_size: int | None = None,
     steps: str | None = None,
     flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+    close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
 ) -> Recorder:
     """Start recording the FSDP units of ``model_parts`` on this rank.
 
@@ -76,6 +77,7 @@ def attach(
     ``begin_micro_step`` / ``before_optimizer_step`` yourself. ``steps`` limits recording to
     chosen optimizer steps (``"10:20"``, ``"::5"``). With ``raise_on_violation``, checks 1-3
     run before each optimizer step and raise ``fsdptrace.LifecycleError`` on an error.
+    ``close_timeout_s`` bounds ``close()`` and interpreter exit whatever the filesystem does.
     """
     parts = [model_parts] if isinstance(model_parts, nn.Module) else list(model_parts)
     if not parts:
@@ -100,6 +102,7 @@ def attach(
         raise_on_violation=raise_on_violation,
         steps=steps,
         flush_interval_s=flush_interval_s,
+        close_timeout_s=close_timeout_s,
     )
     registry.remember(parts, recorder)
     return recorder

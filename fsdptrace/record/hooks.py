@@ -12,41 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
 import torch
 from torch.utils._pytree import tree_flatten
 
-from fsdptrace import schema
 from fsdptrace.record import guards
-from fsdptrace.record.writer import int_column, yield_gil
 
 if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder
-
-
-def event_columns(unit_names: list[str]) -> Callable[[list[tuple]], dict[str, Any]]:
-    """Events are stored with unit and phase as codes; decode them into dictionary arrays.
-
-    Runs on the writer thread while holding the GIL: every column goes through numpy, never
-    a list of Python ints, and the GIL is handed over between pairs of columns (see writer).
-    """
-    units = pa.array(unit_names, pa.string())
-    phases = pa.array(list(schema.PHASES), pa.string())
-
-    def to_columns(rows: list[tuple]) -> dict[str, Any]:
-        seq, t_ns, step, micro, phase, unit = zip(*rows, strict=True)
-        yield_gil()
-        columns = {"seq": int_column(seq, np.int64), "t_ns": int_column(t_ns, np.int64)}
-        yield_gil()
-        columns["step"] = int_column(step, np.int32)
-        columns["micro_step"] = int_column(micro, np.int32)
-        yield_gil()
-        columns["phase"] = pa.DictionaryArray.from_arrays(int_column(phase, np.int32), phases)
-        columns["unit"] = pa.DictionaryArray.from_arrays(int_column(unit, np.int32), units)
-        return columns
-
-    return to_columns
 
 
 def _grad_tensors(output: Any) -> list[torch.Tensor]:

@@ -1,7 +1,8 @@
 """The in-process flight recorder: hooks on FSDP units, step bookkeeping, safe shutdown.
 
 Design rules, each learned the hard way by flight recorders:
-- the training thread only appends tuples to deques (no I/O, no pandas, no locks);
+- the training thread only stores tuples into a memory-mapped journal (no syscall, no pandas,
+  no lock but the markers'), so a row is in a file the kernel keeps once the hook returns;
 - every entry is recorded *before* FSDP issues that unit's collectives, so a rank blocked in
   an all-gather still shows where it is;
 - any exception inside a hook disables recording with one warning and never reaches training
@@ -26,9 +27,12 @@ from fsdptrace import schema
 from fsdptrace.errors import LifecycleError
 from fsdptrace.record import guards, hooks, snapshots
 from fsdptrace.record.backends.base import Backend, Unit
-from fsdptrace.record.dropped import MARKER_DROPPED_ROWS, DroppedRows
 from fsdptrace.record.steps import parse_steps
-from fsdptrace.record.writer import DEFAULT_FLUSH_INTERVAL_S, ChunkWriter
+from fsdptrace.record.writer import (
+    DEFAULT_CLOSE_TIMEOUT_S,
+    DEFAULT_FLUSH_INTERVAL_S,
+    ChunkWriter,
+)
 from fsdptrace.version import __version__
 
 log = logging.getLogger("fsdptrace")
@@ -54,6 +58,7 @@ class Recorder:
         raise_on_violation: bool = False,
         steps: str | None = None,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
     ) -> None:
         self.parts = list(parts)
         self.backend = backend
@@ -62,6 +67,7 @@ class Recorder:
         self.world_size = world_size
         self.raise_on_violation = raise_on_violation
         self.window = parse_steps(steps)
+        self.close_timeout_s = close_timeout_s
         self.step = 0
         self.micro_step = 0
         self.enabled = True
@@ -80,25 +86,25 @@ class Recorder:
         self._recording = self.window.contains(0)
         self._last_prefetch: dict[tuple[str, str], tuple[str, ...]] | None = None
         self._prefetch_key: object = None  # the backend's raw edges at the last snapshot
-        self._num_drop_runs_marked = 0
-        self._drops_marked: dict[str, int] = {}  # table -> runs already marked
-        self._drop_marker_seqs: list[tuple[int, DroppedRows]] = []  # (marker seq, run)
         self.units: list[Unit] = backend.discover_units(self.parts)
         self.unit_names = [u.name for u in self.units]
         self.writer = ChunkWriter(
             self.run_dir,
             rank=rank,
             version=__version__,
-            writer_id=f"w{os.getpid()}-{time.time_ns() % 10**9:09d}",
+            writer_id=f"j{os.getpid()}_{time.time_ns() % 10**9:09d}",
             flush_interval_s=flush_interval_s,
             on_failure=self._on_writer_failure,
         )
-        self.events = self.writer.buffer("events", hooks.event_columns(self.unit_names))
+        self.events = self.writer.buffer("events", {"phase": schema.PHASES,
+                                                    "unit": self.unit_names})
         self.markers = self.writer.buffer("markers")
         self.live_events: list[tuple] | None = [] if raise_on_violation else None
         # The last boundary snapshot's rows (schema.GRADIENTS / schema.PENDING order).
         self.boundary_gradients: list[tuple] = []
         self.boundary_pending: list[tuple] = []
+        if self.writer.init_error is not None:
+            self._on_writer_failure(self.writer.init_error)
         self._write_static_tables(steps)
         self.writer.start()
         self._handles = hooks.install(self)
@@ -139,11 +145,10 @@ class Recorder:
                 from fsdptrace.record.live import raise_if_unsafe
 
                 raise_if_unsafe(self)
-        self._mark(schema.MARKER_OPTIMIZER_STEP, 0, "")
+            # Unrecorded steps cost no byte: their boundaries are not marked either.
+            self._mark(schema.MARKER_OPTIMIZER_STEP, 0, "")
         self._micro_open = False
         self._stashed_error = None
-        if self.writer.num_drop_runs != self._num_drop_runs_marked:
-            self._mark_dropped_rows()
         self.step += 1
         self.micro_step = 0
         self._micro_started = False
@@ -159,11 +164,14 @@ class Recorder:
             self._mark(kind, 0, detail)
 
     def flush(self) -> None:
-        """Write everything buffered now (blocks; for tests and before raising)."""
-        self.writer.flush()
+        """Every row is durable in the journal already; ask for full segments to be converted."""
+        self.writer.request_flush()
 
     def close(self, *, error: str | None = None) -> None:
-        """Remove hooks, write how the recording ended and flush. Safe to call twice.
+        """Remove hooks, write how the recording ended, convert the journal. Safe to call twice.
+
+        Returns within ``close_timeout_s`` whatever the filesystem does: what the writer
+        could not convert by then stays in the journal, which the reader folds in.
 
         ``error`` marks a crash ("Type: message"). Without one, the ending is clean only with
         no micro-step open; a signal or exception recorded earlier stays the ending.
@@ -188,12 +196,7 @@ class Recorder:
         if self._optimizer_handle is not None:
             self._optimizer_handle.remove()
         guards.remove(self)
-        # Stop the writer first: a drop after the counts were read would go unmarked.
-        self.writer.stop()
-        self._mark_dropped_rows()
-        self._remark_lost_drop_markers()
-        self._mark_dropped()
-        self.writer.close()
+        self.writer.close(self.close_timeout_s)
         # A closed recorder holds no reference to the model.
         self.parts, self.units, self._handles = [], [], []
         self._optimizer_handle = None
@@ -286,41 +289,6 @@ class Recorder:
         self.markers.append(
             (self.next_seq(), time.monotonic_ns(), self.step, self.micro_step, kind, count, detail)
         )
-
-    def _mark_dropped(self) -> None:
-        for name, buffer in self.writer.buffers.items():
-            if buffer.num_dropped:
-                self._mark(schema.MARKER_DROPPED, buffer.num_dropped, name)
-
-    def _mark_dropped_rows(self) -> None:
-        """One ``dropped_rows`` marker per run of rows the writer dropped since the last call.
-
-        Written at optimizer boundaries, not only at close, so a job killed later still says
-        which steps are incomplete.
-        """
-        self._num_drop_runs_marked = self.writer.num_drop_runs
-        for name, buffer in list(self.writer.buffers.items()):
-            marked = self._drops_marked.get(name, 0)
-            runs = buffer.drops[marked:]
-            self._drops_marked[name] = marked + len(runs)
-            for run in runs:
-                self._mark_drop_run(run)
-
-    def _mark_drop_run(self, run: DroppedRows) -> None:
-        seq = self.next_seq()
-        self._drop_marker_seqs.append((seq, run))
-        self.markers.append((seq, time.monotonic_ns(), self.step, self.micro_step,
-                             MARKER_DROPPED_ROWS, run.num_rows, run.detail()))
-
-    def _remark_lost_drop_markers(self) -> None:
-        """Write again the ``dropped_rows`` markers that were themselves dropped (at close)."""
-        lost = self.writer.buffers["markers"].drops
-        if not lost:
-            return
-        for seq, run in list(self._drop_marker_seqs):
-            if any(r.first_seq is not None and r.last_seq is not None
-                   and r.first_seq <= seq <= r.last_seq for r in lost):
-                self._mark_drop_run(run)
 
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.before_optimizer_step()

@@ -1,97 +1,42 @@
-"""Background writer: turns the recorder's in-memory rows into Parquet chunks.
+"""Background writer: turns full journal segments into Parquet parts, compacts them at close.
 
-The training thread only appends tuples to ``collections.deque`` buffers (append and popleft
-are atomic under the GIL, so no lock sits on the hot path). This thread wakes at every
-optimizer boundary and at least every ``flush_interval_s`` seconds, and writes each table's
-new rows as one complete Parquet file: first under a temporary name, then renamed atomically,
-so a job killed at any instant leaves only whole files behind.
+The training thread writes rows into the memory-mapped journal (``record.journal``); this
+thread only moves finished segments into the hive-partitioned tables. A part is named by the
+segment range it holds, written under a hidden temporary name, renamed, and only then are
+its segments deleted: the reader skips segments a part covers and parts inside another
+part's range, so a process killed between any two of these steps still reads whole.
 
-The writer shares the GIL with training: while it converts rows, a hook that wants to run
-waits until the writer lets go (up to ``sys.getswitchinterval()``, 5 ms, if it never does).
-So it takes rows in one C-level call, converts integer columns with numpy instead of Python
-objects, and yields the GIL (``time.sleep(0)``) between stages: a hook then waits for one
-stage (tens of µs), not for the whole flush.
+Files follow bytes, not steps: a part holds whatever segments filled since the last wake,
+and segments grow to ``journal.MAX_SEGMENT_BYTES``. ``close`` seals the journal, converts the
+tail and compacts each table to one part per writer, on this thread, and waits at most
+``close_timeout_s``: a writer stuck on a frozen filesystem leaves its rows in the journal,
+where the reader finds them.
 """
 
 from __future__ import annotations
 
-import collections
-import itertools
 import logging
-import operator
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdptrace import schema
-from fsdptrace.record.dropped import DroppedRows, RowPositions
+from fsdptrace import journal_read, schema
+from fsdptrace.journal_format import JOURNAL_DIR, RANGE_PART_FILE, RANGE_PART_NAME, SEGMENT_FILE
+from fsdptrace.record.journal import FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES, Table, open_table
 
 log = logging.getLogger("fsdptrace")
 
 DEFAULT_FLUSH_INTERVAL_S = 2.0
-# Rows held per table while writes fail or lag; beyond this the oldest are dropped and counted.
-DEFAULT_MAX_BUFFERED_ROWS = 1_000_000
-
-
-def yield_gil() -> None:
-    """Let a waiting training thread run now rather than after the GIL switch interval."""
-    time.sleep(0)
-
-
-def int_column(values: Sequence[int], dtype: type[np.integer]) -> np.ndarray:
-    """Non-null ints as a numpy array: pyarrow then copies a buffer, not Python objects."""
-    return np.fromiter(values, dtype, len(values))
-
-
-class TableBuffer:
-    """Rows of one table waiting to be written, how to turn them into columns, what was lost."""
-
-    def __init__(self, name: str, to_columns: Callable[[list[tuple]], dict[str, Any]],
-                 on_drop: Callable[[], None] | None = None) -> None:
-        self.name = name
-        self.on_drop = on_drop
-        self.rows: collections.deque[tuple] = collections.deque()
-        self.to_columns = to_columns
-        self.num_chunks = 0
-        self.num_dropped = 0
-        # Appended by the writer thread only; the recorder reads it at boundaries and close.
-        self.drops: list[DroppedRows] = []
-        self._positions = RowPositions(name)
-
-    def take(self, count: int) -> list[tuple]:
-        """The ``count`` oldest rows, removed in one C-level pass (no bytecode per row)."""
-        return list(map(operator.call, itertools.repeat(self.rows.popleft, count)))
-
-    def drop_oldest(self, count: int) -> None:
-        """Drop the ``count`` oldest rows, remembering which (one contiguous run)."""
-        if count <= 0:
-            return
-        lost = self.take(count)
-        self.num_dropped += count
-        self.drops.append(self._positions.run(lost[0], lost[-1], count))
-        if self.on_drop is not None:
-            self.on_drop()
-
-
-def plain_columns(table: str) -> Callable[[list[tuple]], dict[str, Any]]:
-    """Rows stored in schema column order become columns by transposition."""
-    names = schema.TABLES[table].names
-
-    def to_columns(rows: list[tuple]) -> dict[str, Any]:
-        return dict(zip(names, zip(*rows, strict=True), strict=True))
-
-    return to_columns
+DEFAULT_CLOSE_TIMEOUT_S = 5.0
 
 
 class ChunkWriter:
-    """Owns the writer thread and the file layout of one rank's recording."""
+    """Owns one rank's journal, the writer thread and the Parquet layout."""
 
     def __init__(
         self,
@@ -101,126 +46,139 @@ class ChunkWriter:
         version: str,
         writer_id: str,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
-        max_buffered_rows: int = DEFAULT_MAX_BUFFERED_ROWS,
         on_failure: Callable[[BaseException], None] | None = None,
+        segment_bytes: tuple[int, int] = (FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES),
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
         self.version = version
         self.writer_id = writer_id
         self.flush_interval_s = flush_interval_s
-        self.max_buffered_rows = max_buffered_rows
         self.on_failure = on_failure
-        self.buffers: dict[str, TableBuffer] = {}
+        self.segment_bytes = segment_bytes  # (first, largest): tests make them small
+        self.journal_dir = self.run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)
+        self.tables: dict[str, Table] = {}
+        self.converted: dict[str, int] = {}  # table -> last segment index turned into Parquet
         self.failed = False
+        # Reported by the recorder once it can warn (``report_init_error``), not raised:
+        # recording must never break training.
+        self.init_error: OSError | None = None
+        try:
+            self.journal_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            self.failed, self.init_error = True, error
         self.bytes_written = 0
-        self.num_drop_runs = 0  # runs of dropped rows, all tables (see ``TableBuffer.drops``)
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._flush_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._schemas: dict[str, pa.Schema] = {}
 
-    def buffer(self, table: str, to_columns: Callable[[list[tuple]], dict[str, Any]] | None = None
-               ) -> collections.deque[tuple]:
-        """The deque the training thread appends ``table``'s rows to."""
-        if table not in self.buffers:
-            self.buffers[table] = TableBuffer(table, to_columns or plain_columns(table),
-                                              self._count_drop)
-        return self.buffers[table].rows
+    def buffer(self, table: str, vocab: dict[str, Sequence[str]] | None = None) -> Table:
+        """The journal table the training thread appends ``table``'s row tuples to.
 
-    def _count_drop(self) -> None:
-        """Lets the recorder see new drops at a boundary with one int comparison."""
-        self.num_drop_runs += 1
+        ``vocab`` names the codes of dictionary columns (fixed tables store codes).
+        """
+        if table not in self.tables:
+            self.tables[table] = open_table(self.journal_dir, table, self.writer_id,
+                                            vocab or {}, self._fail, self.segment_bytes)
+            self.tables[table].segments.failed = self.failed
+        return self.tables[table]
+
+    def _fail(self, error: BaseException) -> None:
+        if not self.failed:
+            self.failed = True
+            if self.on_failure is not None:
+                self.on_failure(error)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="fsdptrace-writer", daemon=True)
         self._thread.start()
 
     def request_flush(self) -> None:
-        """Ask the writer thread to flush soon; never blocks the caller."""
+        """Ask the writer thread to convert full segments soon; never blocks the caller."""
         self._wake.set()
 
-    def sync(self, timeout_s: float) -> bool:
-        """Flush now and wait for it up to ``timeout_s``, never longer; True when it is done.
-
-        The flush runs on a helper thread so a filesystem that hangs cannot hold the caller
-        (a signal watcher that must let the signal act) past its bound.
-        """
-        done = threading.Thread(target=self.flush, kwargs={"drop": False},
-                                name="fsdptrace-sync", daemon=True)
-        done.start()
-        done.join(max(timeout_s, 0.0))
-        return not done.is_alive()
+    def sync(self, timeout_s: float = 0.0) -> bool:
+        """Whether every recorded row is durable: with the journal it always is."""
+        return True
 
     def abandon(self) -> None:
-        """Write nothing, ever again (a forked child's copy of its parent's writer).
-
-        Takes no lock: a lock a parent thread held at fork time is never released in the child.
-        """
-        self.failed = True
+        """In a forked child: forget the parent's mappings; write, delete and start nothing."""
         self._stop.set()
         self._thread = None
-        for buffer in self.buffers.values():
-            buffer.rows.clear()
+        for table in self.tables.values():
+            table.abandon()
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop the thread (no flush): after this, nothing is dropped behind the caller's back."""
+    def close(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> bool:
+        """Seal the journal, let the thread write the tail and compact; True if it finished."""
+        for table in self.tables.values():
+            table.seal()
         self._stop.set()
         self._wake.set()
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the thread after a last flush of everything buffered."""
-        self.stop(timeout_s)
-        # The last flush keeps every row: dropping here would lose the newest ones, which
-        # are the close and 'dropped' markers that say what is missing.
-        self.flush(drop=False)
+        if thread is None or thread is threading.current_thread():
+            return False
+        thread.join(timeout_s)
+        return not thread.is_alive()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.flush_interval_s)
-            self._wake.clear()
-            if not self._stop.is_set():  # close() flushes last, without dropping
-                self.flush()
+        try:
+            self._write_empty_tables()
+            while not self._stop.is_set():
+                self._wake.wait(self.flush_interval_s)
+                self._wake.clear()
+                self.convert_full()
+            self.convert_full()
+            self.compact()
+        except BaseException as error:  # never let the writer thread die silently
+            self._fail(error)
 
-    def flush(self, *, drop: bool = True) -> None:
-        """Write every buffered row; on failure, report once and stop writing."""
-        with self._flush_lock:
-            if self.failed:
-                self._drop_excess()
-                return
-            try:
-                for buffer in list(self.buffers.values()):
-                    if drop:
-                        self._drop_excess_of(buffer)
-                    self._write_buffer(buffer)
-            except BaseException as error:  # never let the writer thread die silently
-                self.failed = True
-                if self.on_failure is not None:
-                    self.on_failure(error)
+    def _write_empty_tables(self) -> None:
+        """Every table exists from the start, so hive globs never fail on a short run."""
+        for name in schema.TABLES:
+            table = self._schema(name).empty_table()
+            self._write_part(name, table, 0, 0)
 
-    def _drop_excess(self) -> None:
-        for buffer in self.buffers.values():
-            self._drop_excess_of(buffer)
+    def convert_full(self) -> None:
+        """One Parquet part per table holding every segment that filled since the last call."""
+        for name, table in list(self.tables.items()):
+            full = table.segments.full
+            done = self.converted.get(name, 0)
+            ready = [i for i in full[:] if i > done]
+            if not ready:
+                continue
+            paths = [self._segment(name, i) for i in ready]
+            data = pa.concat_tables([journal_read.read_segment(p, name) for p in paths])
+            self._write_part(name, data.cast(self._schema(name)), ready[0], ready[-1])
+            self.converted[name] = ready[-1]
+            for path in paths:
+                path.unlink()
+            time.sleep(0)  # let a waiting hook run now, not after the GIL switch interval
 
-    def _drop_excess_of(self, buffer: TableBuffer) -> None:
-        buffer.drop_oldest(len(buffer.rows) - self.max_buffered_rows)
+    def compact(self) -> None:
+        """Merge each table's parts of this writer into one (at close)."""
+        for name in schema.TABLES:
+            parts = []
+            for path in self._partition(name).iterdir():
+                match = RANGE_PART_NAME.match(path.name)
+                if match and match["writer"] == self.writer_id:
+                    parts.append((int(match["first"]), int(match["last"]), path))
+            if len(parts) < 2:
+                continue
+            parts.sort()
+            data = pa.concat_tables([pq.read_table(p).cast(self._schema(name))
+                                     for _, _, p in parts])
+            self._write_part(name, data, parts[0][0], max(last for _, last, _ in parts))
+            for _, _, path in parts:
+                path.unlink()
 
-    def _write_buffer(self, buffer: TableBuffer) -> None:
-        count = len(buffer.rows)
-        if count == 0:
-            return
-        rows = buffer.take(count)
-        yield_gil()
-        columns = buffer.to_columns(rows)
-        yield_gil()
-        table = pa.Table.from_pydict(columns, schema=self._schema(buffer.name))
-        self.write_table(buffer.name, table, chunk=buffer.num_chunks)
-        buffer.num_chunks += 1
-        yield_gil()
+    def _segment(self, table: str, index: int) -> Path:
+        return self.journal_dir / SEGMENT_FILE.format(table=table, writer=self.writer_id,
+                                                      index=index)
+
+    def _partition(self, table: str) -> Path:
+        return (self.run_dir / schema.TABLE_DIR.format(table=table)
+                / schema.RANK_DIR.format(rank=self.rank))
 
     def _schema(self, table_name: str) -> pa.Schema:
         cached = self._schemas.get(table_name)
@@ -230,26 +188,13 @@ class ChunkWriter:
             self._schemas[table_name] = cached
         return cached
 
-    def write_table(self, table_name: str, table: pa.Table, *, chunk: int) -> Path:
-        """Write one complete chunk file atomically: temp name, fsync-free rename.
-
-        The temp name is hidden (leading ``.``) as well as suffixed: a job killed mid-write
-        leaves it behind, and hive readers such as ``pyarrow.dataset`` skip dot-files but
-        would otherwise try to read the half-written file and fail on the whole table.
-        """
-        directory = (
-            self.run_dir
-            / schema.TABLE_DIR.format(table=table_name)
-            / schema.RANK_DIR.format(rank=self.rank)
-        )
+    def _write_part(self, table_name: str, table: pa.Table, first: int, last: int) -> Path:
+        """Write one part atomically: a hidden temp name (hive readers skip dot-files), rename."""
+        directory = self._partition(table_name)
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / schema.PART_FILE.format(writer=self.writer_id, chunk=chunk)
+        path = directory / RANGE_PART_FILE.format(writer=self.writer_id, first=first, last=last)
         temp = path.with_name("." + path.name + schema.TEMP_SUFFIX)
         pq.write_table(table, temp, compression="zstd")
         os.replace(temp, path)
         self.bytes_written += path.stat().st_size
         return path
-
-
-def dropped_counts(writer: ChunkWriter) -> dict[str, Any]:
-    return {name: b.num_dropped for name, b in writer.buffers.items() if b.num_dropped}

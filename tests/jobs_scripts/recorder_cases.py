@@ -26,7 +26,6 @@ import torch.nn as nn
 from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 import fsdptrace
-from fsdptrace.record import writer as writer_module
 from fsdptrace.record.backends.fsdp2.units import FSDP2Backend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -242,12 +241,11 @@ def case_failing_hook(run_dir: Path) -> Result:
 
 
 def case_killed(run_dir: Path) -> Result:
-    """Rank 1 is SIGKILLed early in step 2, between writing a chunk and renaming it.
+    """Rank 1 is SIGKILLed at the start of step 2, with nothing converted to Parquet since.
 
-    Steps 0 and 1 are flushed on both ranks first, so what must be on disk is known. Rank 1
-    then holds back for ``HOLD_S`` before step 2: rank 0 sits blocked in the root's first
-    all-gather meanwhile, and its root entry must reach disk while it is blocked. When rank 1
-    joins, its writer thread's next rename kills it, leaving a temp file behind.
+    Rank 1 holds back for ``HOLD_S`` before step 2: rank 0 sits blocked in the root's first
+    all-gather meanwhile, and its root entry must be on disk (in its journal) while it is
+    blocked. Rank 1 then dies of SIGKILL: its steps 0-1 must read back from its journal.
     """
     net = sharded_net()
     rank = dist.get_rank()
@@ -257,15 +255,12 @@ def case_killed(run_dir: Path) -> Result:
         nonlocal recorder
         recorder = rec
 
-    def die_on_rename(src: Any, dst: Any) -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
-
     def before_micro(step: int, micro: int) -> None:
         if step == 2 and micro == 0:
             recorder.flush()
             if rank == 1:
                 time.sleep(HOLD_S)
-                writer_module.os.replace = die_on_rename  # type: ignore[attr-defined]
+                os.kill(os.getpid(), signal.SIGKILL)
 
     train(
         [net],

@@ -16,25 +16,22 @@ looked up at each call, so a class-level wrapper installed later still runs. ``c
 removes only the attributes that are still ours and puts back what was there before; a
 wrapper installed on top of ours keeps working, ours inside it becomes a pass-through.
 
-Rows are tuples of small ints appended to a deque, like the recorder's events.
+Rows are tuples of small ints stored into the journal, like the recorder's events.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
 import torch
 
 from fsdptrace import schema
 from fsdptrace.record.backends.base import InstanceAttributePatch
 from fsdptrace.record.backends.fsdp2.issuers import ISSUER_KINDS, Issuers, fsdp2_dir
 from fsdptrace.record.backends.fsdp2.state import param_groups
-from fsdptrace.record.writer import int_column, yield_gil
 
 if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder
@@ -53,7 +50,7 @@ class Provenance:
 
     def __init__(self, rec: Recorder, issuers: Issuers) -> None:
         self.rec = rec
-        self.rows = rec.writer.buffer(TABLE, _columns(rec.unit_names))
+        self.rows = rec.writer.buffer(TABLE, _vocab(rec.unit_names))
         self.issuers = issuers
         self.num_bytes: dict[int, int] = {}  # id(group) -> unsharded bytes, computed lazily
 
@@ -194,35 +191,7 @@ def _wrap_clear(prov: Provenance, unit: int, group_index: int, group: Any, name:
     return cleared
 
 
-def _columns(unit_names: list[str]) -> Callable[[list[tuple]], dict[str, Any]]:
-    """Rows hold codes; the writer thread turns them into dictionary arrays."""
-    dictionaries = {
-        "phase": pa.array(list(schema.PHASES), pa.string()),
-        "unit": pa.array(unit_names, pa.string()),
-        "event": pa.array(list(EVENTS), pa.string()),
-        "issuer_kind": pa.array(list(ISSUER_KINDS), pa.string()),
-        "issuer_unit": pa.array(unit_names, pa.string()),
-        "detail": pa.array(list(DETAILS), pa.string()),
-    }
-    names = schema.ALLGATHERS.names
-    ints: dict[str, type[np.integer]] = {
-        "seq": np.int64, "t_ns": np.int64, "step": np.int32, "micro_step": np.int32,
-        "group": np.int32, "num_bytes": np.int64,
-    }
-
-    def to_columns(rows: list[tuple]) -> dict[str, Any]:
-        columns = dict(zip(names, zip(*rows, strict=True), strict=True))
-        out: dict[str, Any] = {}
-        # Twelve columns of a few thousand rows hold the GIL ~0.5 ms: hand it over between
-        # columns, so a training hook waits for one column, not the table (see writer).
-        for name, dtype in ints.items():
-            yield_gil()
-            out[name] = int_column(columns[name], dtype)
-        for name, values in dictionaries.items():
-            yield_gil()
-            codes = int_column(columns[name], np.int32)
-            # -1 is "none" (no issuer unit, no detail): a null in the dictionary column.
-            out[name] = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), values)
-        return out
-
-    return to_columns
+def _vocab(unit_names: list[str]) -> dict[str, Sequence[str]]:
+    """Rows hold codes (-1 for none); these are the words they stand for."""
+    return {"phase": schema.PHASES, "unit": unit_names, "event": EVENTS,
+            "issuer_kind": ISSUER_KINDS, "issuer_unit": unit_names, "detail": DETAILS}

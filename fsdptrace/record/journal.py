@@ -1,0 +1,196 @@
+"""The memory-mapped journal: a recorded row is in a file the kernel keeps once ``append`` returns.
+
+Each table of a rank writes into ``MAP_SHARED`` mappings of segment files
+(``journal_format``). Storing into a mapping is a memory write, not a syscall: SIGKILL, an abort
+or a segfault right after a hook loses nothing, because the pages belong to the file. A
+syscall happens only when a segment fills and the next one is created: they start at
+``FIRST_SEGMENT_BYTES`` and double up to ``MAX_SEGMENT_BYTES``, and are ``posix_fallocate``d,
+so a full disk fails there (recording stops with one warning) instead of a SIGBUS later.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from fsdptrace.journal_format import (
+    FRAME,
+    HEADER,
+    KIND_FIXED,
+    KIND_FRAMED,
+    MAGIC,
+    SEGMENT_FILE,
+    fixed_format,
+)
+
+FIRST_SEGMENT_BYTES = 64 * 1024
+MAX_SEGMENT_BYTES = 4 * 1024 * 1024
+_PAGE = mmap.PAGESIZE
+
+
+class Segments:
+    """Creates one table's segment files in order and remembers the full ones."""
+
+    def __init__(self, directory: Path, table: str, writer: str, kind: int, record_size: int,
+                 vocab: dict[str, Sequence[str]], on_failure: Callable[[BaseException], None],
+                 segment_bytes: tuple[int, int] = (FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
+                 ) -> None:
+        self.directory, self.table, self.writer = directory, table, writer
+        self.kind, self.record_size = kind, record_size
+        self.vocab = json.dumps({k: list(v) for k, v in vocab.items()}).encode()
+        self.offset = -(-(HEADER.size + len(self.vocab)) // 8) * 8
+        self.on_failure = on_failure
+        self.next_bytes, self.max_bytes = segment_bytes
+        self.index = 0
+        self.full: list[int] = []  # indexes of finished segments, appended in order
+        self.failed = False
+        self.abandoned = False
+
+    def open_next(self, min_bytes: int) -> tuple[mmap.mmap, int] | None:
+        """Finish the current segment and map the next; None once recording cannot go on."""
+        if self.index:
+            self.full.append(self.index)
+        if self.failed or self.abandoned:
+            return None
+        size = max(self.next_bytes, -(-(self.offset + min_bytes) // _PAGE) * _PAGE)
+        self.next_bytes = min(self.next_bytes * 2, self.max_bytes)
+        path = self.directory / SEGMENT_FILE.format(table=self.table, writer=self.writer,
+                                                    index=self.index + 1)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, size)
+                mapped = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            self.failed = True
+            try:
+                path.unlink()  # an empty segment would only say what the warning says
+            except OSError:
+                pass
+            self.on_failure(error)
+            return None
+        HEADER.pack_into(mapped, 0, MAGIC, self.kind, self.record_size, self.offset,
+                         len(self.vocab))
+        mapped[HEADER.size:HEADER.size + len(self.vocab)] = self.vocab
+        self.index += 1
+        return mapped, size
+
+
+class FixedTable:
+    """Rows of one hot table as struct slots; ``append`` is the recorder's per-event cost."""
+
+    __slots__ = ("_buf", "_end", "_pack", "_pos", "_size", "segments")
+
+    def __init__(self, segments: Segments, fmt: str) -> None:
+        self.segments = segments
+        self._pack = struct.Struct(fmt).pack_into
+        self._size = struct.calcsize(fmt)
+        self._buf: mmap.mmap | bytearray = bytearray(0)
+        self._pos = self._end = 0
+
+    def append(self, row: tuple) -> None:
+        pos = self._pos
+        if pos + self._size > self._end and not self._roll():
+            return
+        # seq first and the trailer last, in one call: a slot cut short fails seq == trailer.
+        self._pack(self._buf, self._pos, *row, row[0])
+        self._pos += self._size
+
+    def extend(self, rows: Iterable[tuple]) -> None:
+        for row in rows:
+            self.append(row)
+
+    def _roll(self) -> bool:
+        opened = self.segments.open_next(self._size)
+        if opened is None:
+            self._end = self._pos = 0
+            self._buf = bytearray(0)
+            return False
+        self._buf, self._end = opened
+        self._pos = self.segments.offset
+        return True
+
+    def seal(self) -> None:
+        """No more rows: the current segment counts as full, later appends are dropped."""
+        self.segments.abandoned = True
+        if self._end:
+            self._roll()
+
+    def abandon(self) -> None:
+        """Forget the mappings without touching the files (a forked child)."""
+        self.segments.abandoned = True
+        self._buf, self._pos, self._end = bytearray(0), 0, 0
+
+
+class FramedTable:
+    """Rows of a table written a few times per step, as JSON records under a lock."""
+
+    def __init__(self, segments: Segments) -> None:
+        self.segments = segments
+        self._lock = threading.Lock()  # markers come from several threads
+        self._buf: mmap.mmap | bytearray = bytearray(0)
+        self._pos = self._end = 0
+
+    def append(self, row: tuple) -> None:
+        self.extend((row,))
+
+    def extend(self, rows: Iterable[tuple]) -> None:
+        payload = json.dumps(list(rows), separators=(",", ":")).encode()
+        need = len(payload) + 2 * FRAME.size
+        with self._lock:
+            if self._pos + need > self._end and not self._roll(need):
+                return
+            pos = self._pos
+            self._buf[pos + FRAME.size:pos + FRAME.size + len(payload)] = payload
+            FRAME.pack_into(self._buf, pos + FRAME.size + len(payload), len(payload))
+            FRAME.pack_into(self._buf, pos, len(payload))  # last: the record now counts
+            self._pos = pos + need
+
+    def _roll(self, need: int) -> bool:
+        opened = self.segments.open_next(need)
+        if opened is None:
+            self._buf, self._pos, self._end = bytearray(0), 0, 0
+            return False
+        self._buf, self._end = opened
+        self._pos = self.segments.offset
+        return True
+
+    def seal(self, timeout_s: float = 1.0) -> None:
+        # Bounded: another thread may hold the lock while creating a segment on a frozen
+        # filesystem; then its segment simply stays unconverted in the journal.
+        locked = self._lock.acquire(timeout=timeout_s)
+        try:
+            self.segments.abandoned = True
+            if locked and self._end:
+                self._roll(0)
+        finally:
+            if locked:
+                self._lock.release()
+
+    def abandon(self) -> None:
+        self.segments.abandoned = True
+        self._buf, self._pos, self._end = bytearray(0), 0, 0
+
+
+Table = FixedTable | FramedTable
+
+
+def open_table(directory: Path, table: str, writer: str, vocab: dict[str, Sequence[str]],
+               on_failure: Callable[[BaseException], None],
+               segment_bytes: tuple[int, int] = (FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
+               ) -> Table:
+    from fsdptrace.journal_format import FIXED_TABLES
+
+    if table in FIXED_TABLES:
+        fmt = fixed_format(table)
+        return FixedTable(Segments(directory, table, writer, KIND_FIXED, struct.calcsize(fmt),
+                                   vocab, on_failure, segment_bytes), fmt)
+    return FramedTable(Segments(directory, table, writer, KIND_FRAMED, 0, {}, on_failure,
+                                segment_bytes))

@@ -1,0 +1,42 @@
+"""A 400-step 2-rank FSDP2 job recorded whole (``whole``) and windowed (``--steps 100:110``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+import fsdptrace
+
+NUM_STEPS = 400
+RUNS = {"whole": None, "window": "100:110"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for name, steps in RUNS.items():
+        with fsdptrace.attach(model, run_dir=args.out / name, optimizer=optimizer, steps=steps):
+            for _ in range(NUM_STEPS):
+                model(torch.randn(4, 8)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The journal loses no row and reads back whole, whatever state a rank left it in.
+
+Schema 1 dropped rows when its writer lagged and marked them (``dropped_rows``); schema 2 has
+nothing to drop: a row is in a memory-mapped file once appended. So the ground truth is the
+row's ``seq``: every seq appended is read back exactly once, through Parquet parts, journal
+segments, or both, after an interrupted conversion, deletion or compaction, and with torn or
+garbage bytes in the journal.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from fsdptrace import schema
+from fsdptrace.errors import RunDirError
+from fsdptrace.journal_format import HEADER
+from fsdptrace.reader import part_files, read_rank
+from fsdptrace.record.writer import ChunkWriter
+
+UNITS = ["<root>", "layers.0", "layers.1"]
+SMALL = (4096, 8192)  # segments of a few dozen rows: many conversions in a short test
+
+
+def _writer(run_dir: Path) -> ChunkWriter:
+    writer = ChunkWriter(run_dir, rank=0, version="test", writer_id="j1_000000001",
+                         flush_interval_s=0.01, segment_bytes=SMALL)
+    writer.buffer("meta").append((1, "host", 1, "fsdp2", "t", "test", 2, 0, 0, 1, "", False))
+    return writer
+
+
+def _append_events(writer: ChunkWriter, first: int, last: int) -> None:
+    events = writer.buffer("events", {"phase": schema.PHASES, "unit": UNITS})
+    markers = writer.buffer("markers")
+    for seq in range(first, last + 1):
+        events.append((seq, seq * 10, seq // 100, 0, seq % 2, seq % 3))
+        if seq % 50 == 0:
+            markers.append((seq, seq, seq // 100, 0, "micro_step_begin", 0, ""))
+
+
+def _seqs(run_dir: Path, table: str = "events") -> list[int]:
+    return sorted(read_rank(run_dir, table, 0).column("seq").to_pylist())
+
+
+def test_every_row_reads_back_once_running_and_closed(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    writer.start()
+    _append_events(writer, 1, 2000)
+    writer.request_flush()
+    assert _seqs(tmp_path) == list(range(1, 2001))  # parts and journal tail together
+    assert writer.close(10.0)
+    assert _seqs(tmp_path) == list(range(1, 2001))
+    assert [p.name for p in part_files(tmp_path / "events" / "rank=0")] == [
+        f"part-j1_000000001-000000-{writer.converted['events']:06d}.parquet"]
+    assert not list((tmp_path / "journal" / "rank=0").iterdir())
+    for table in schema.TABLES:  # every table exists, empty or not
+        assert len(list((tmp_path / table / "rank=0").glob("part-*.parquet"))) == 1
+
+
+def test_interrupted_deletion_and_compaction_count_once(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    writer.start()
+    _append_events(writer, 1, 1500)
+    writer.request_flush()
+    writer.close(10.0)
+    saved = tmp_path.parent / "saved"
+    # Replay the states a kill leaves: segments still there after their part was renamed in,
+    # and parts still there after the compacted part that covers them.
+    second = ChunkWriter(tmp_path / "again", rank=0, version="test", writer_id="j1_000000001",
+                         segment_bytes=SMALL)
+    _append_events(second, 1, 1500)
+    for table in second.tables.values():
+        table.seal()
+    shutil.copytree(tmp_path / "again" / "journal", saved)
+    second._write_empty_tables()
+    second.convert_full()
+    parts = sorted((tmp_path / "again" / "events" / "rank=0").glob("part-*"))
+    assert len(parts) == 2
+    shutil.copytree(saved, tmp_path / "again" / "journal", dirs_exist_ok=True)
+    assert _seqs(tmp_path / "again") == list(range(1, 1501))
+    kept = tmp_path.parent / "kept"
+    shutil.copytree(tmp_path / "again" / "events", kept)
+    second.compact()
+    shutil.copytree(kept, tmp_path / "again" / "events", dirs_exist_ok=True)
+    assert len(list((tmp_path / "again" / "events" / "rank=0").glob("part-*"))) == 3
+    assert _seqs(tmp_path / "again") == list(range(1, 1501))
+
+
+def test_torn_slots_are_skipped_and_garbage_is_named(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)  # never started: everything stays in the journal
+    _append_events(writer, 1, 30)
+    (segment,) = (tmp_path / "journal" / "rank=0").glob("events-*.seg")
+    data = bytearray(segment.read_bytes())
+    _, _, slot, first, _ = HEADER.unpack_from(data)
+    offset = first + 29 * slot  # the last slot's seq
+    data[offset] = 99  # as if the process died between the seq and the trailer
+    segment.write_bytes(bytes(data))
+    assert _seqs(tmp_path) == list(range(1, 30))
+    (framed,) = (tmp_path / "journal" / "rank=0").glob("meta-*.seg")
+    first = HEADER.unpack_from(framed.read_bytes())[3]
+    framed.write_bytes(framed.read_bytes()[:first + 20])  # cut inside the record: no row
+    assert read_rank(tmp_path, "meta", 0).num_rows == 0
+    segment.write_bytes(b"FSDPJNL2" + b"\xff" * 40)
+    with pytest.raises(RunDirError, match=segment.name):
+        read_rank(tmp_path, "events", 0)
+    segment.write_bytes(b"junk")
+    with pytest.raises(RunDirError, match=segment.name):
+        read_rank(tmp_path, "events", 0)
+
+
+def test_abandon_writes_and_deletes_nothing(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    _append_events(writer, 1, 10)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    writer.abandon()
+    _append_events(writer, 11, 500)
+    assert writer.sync(1.0)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert _seqs(tmp_path) == list(range(1, 11))
+    for path in tmp_path.rglob("*.parquet"):
+        pq.read_table(path)
+
+
+def test_close_returns_in_time_when_the_filesystem_blocks(tmp_path: Path) -> None:
+    """A writer stuck in a filesystem call (here: opening a FIFO nobody reads) holds nothing
+    the caller waits on: ``close`` returns at its timeout and the rows stay in the journal."""
+    partition = tmp_path / "meta" / "rank=0"
+    partition.mkdir(parents=True)
+    stuck = partition / ".part-j1_000000001-000000-000000.parquet.tmp"
+    os.mkfifo(stuck)
+    writer = _writer(tmp_path)
+    writer.start()
+    _append_events(writer, 1, 500)
+    started = time.monotonic()
+    assert writer.close(0.5) is False
+    assert time.monotonic() - started < 2.0
+    assert _seqs(tmp_path) == list(range(1, 501))
+    # Let the stuck thread go: it finds no reader, fails, and stops.
+    with open(os.open(stuck, os.O_RDONLY | os.O_NONBLOCK), "rb"):
+        pass
