@@ -142,6 +142,8 @@ class FramedTable:
         self.extend((row,))
 
     def extend(self, rows: Iterable[tuple]) -> None:
+        if self.segments.abandoned:  # a forked child: its copy of the lock may never be freed
+            return
         payload = json.dumps(list(rows), separators=(",", ":")).encode()
         need = len(payload) + 2 * FRAME.size
         with self._lock:

@@ -123,6 +123,7 @@ class ChunkWriter:
 
     def _run(self) -> None:
         try:
+            _import_lazy_readers()
             self._write_empty_tables()
             while not self._stop.is_set():
                 self._wake.wait(self.flush_interval_s)
@@ -198,3 +199,15 @@ class ChunkWriter:
         os.replace(temp, path)
         self.bytes_written += path.stat().st_size
         return path
+
+
+def _import_lazy_readers() -> None:
+    """Import now what ``pq.read_table`` imports on first use (``pyarrow.dataset``).
+
+    Compaction may first read at interpreter exit, and importing pyarrow's Cython modules
+    then resets CPython's record of an unhandled KeyboardInterrupt: a Ctrl-C'd rank would
+    exit 1 instead of dying by SIGINT as it does without fsdptrace. Done on this thread, so
+    the training thread never pays for it.
+    """
+    import pyarrow.dataset  # noqa: F401
+

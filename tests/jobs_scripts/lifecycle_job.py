@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 import fsdptrace
+from fsdptrace.schema import TABLES
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))
@@ -44,6 +46,16 @@ def _hashes(run_dir: Path) -> dict[str, str]:
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
+def _wait_for_starter_parts(run_dir: Path, timeout_s: float = 20.0) -> None:
+    """The parent's own writer thread writes every table's first (empty) part soon after
+    attach: wait for it, so only a write by the child could change the files."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(any((run_dir / table).glob("rank=0/part-*.parquet")) for table in TABLES):
+            return
+        time.sleep(0.05)
+
+
 def fork(out: Path) -> dict[str, Any]:
     model, optimizer = scenarios.build(scenarios.Scenario(), 0)
     rec = fsdptrace.attach(model, run_dir=out / "run", optimizer=optimizer)
@@ -52,6 +64,7 @@ def fork(out: Path) -> dict[str, Any]:
     tokens = torch.randint(0, 32, (32,))
     model(tokens).float().pow(2).mean()  # a micro-step open, rows buffered, at the fork
     rec.flush()
+    _wait_for_starter_parts(out / "run")
     before = _hashes(out / "run")
     pid = os.fork()
     if pid == 0:  # the child trains on and exits normally (exit handlers run)
@@ -60,7 +73,9 @@ def fork(out: Path) -> dict[str, Any]:
     _, status = os.waitpid(pid, 0)
     after = _hashes(out / "run")
     rec.close()
-    return {"child_status": status, "same": before == after, "num_files": len(before)}
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    return {"child_status": status, "same": before == after, "num_files": len(before),
+            "changed": changed}
 
 
 def collected(out: Path) -> dict[str, Any]:
