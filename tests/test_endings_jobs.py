@@ -19,16 +19,14 @@ from pathlib import Path
 import pytest
 
 import fsdptrace
-import fsdptrace.reader
 from fsdptrace import endings
 from tests.jobs import REPO, assert_ok, free_port, kill_all, run_ranks, start_ranks
-from tests.jobs_scripts.tables import read_table
+from tests.jobs_scripts.tables import read_folded, read_table
 
 
 def _markers(run_dir: Path) -> object:
-    """Markers with the journal tail folded in: a rank killed or stopped by a signal leaves
-    its last rows (its ending among them) in the journal, which plain Parquet readers miss."""
-    return fsdptrace.reader.read_ranks(run_dir, "markers", [0, 1]).to_pandas()
+    """A rank stopped by a signal leaves its ending in the journal (see ``read_folded``)."""
+    return read_folded(run_dir, "markers", [0, 1])
 
 pytestmark = pytest.mark.slow
 

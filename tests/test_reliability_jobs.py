@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -22,9 +21,8 @@ from fsdptrace_cli.main import cli
 
 import fsdptrace
 from fsdptrace import endings, schema
-from fsdptrace.reader import discover_ranks, read_ranks
 from tests.jobs import assert_ok, kill_all, run_ranks, start_ranks
-from tests.jobs_scripts.tables import read_table
+from tests.jobs_scripts.tables import read_folded
 
 pytestmark = pytest.mark.slow
 
@@ -43,11 +41,6 @@ def analyze_cli(run_dir: Path, *args: str) -> tuple[int, str]:
     assert "Traceback" not in res.output, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit), res.output
     return res.exit_code, res.output
-
-
-def read_folded(run_dir: Path, table: str) -> pd.DataFrame:
-    """One table of all ranks through fsdptrace's reader, which folds in the journal tail."""
-    return read_ranks(run_dir, table, discover_ranks(run_dir)).to_pandas()
 
 
 def last_events(run_dir: Path) -> dict[int, tuple]:
@@ -187,8 +180,8 @@ def test_sigterm_and_keyboard_interrupt_are_terminated(tmp_path: Path) -> None:
         kill_all(procs)
     assert procs[0].returncode == -15 and procs[1].returncode == 130
     run_dir = tmp_path / "signals"
-    markers = read_table(run_dir, "markers")
-    events = read_table(run_dir, "events")
+    markers = read_folded(run_dir, "markers")
+    events = read_folded(run_dir, "events")
     found = endings.rank_endings(markers, RANKS).set_index("rank")
     assert list(found["ending"]) == ["terminated", "terminated"]
     assert list(found["detail"]) == ["SIGTERM", "SIGINT"]
@@ -198,7 +191,7 @@ def test_sigterm_and_keyboard_interrupt_are_terminated(tmp_path: Path) -> None:
         # Everything up to the signal is on disk, though no periodic flush ran in step 2.
         written: set[int] = set()
         for table in schema.TABLES:
-            frame = read_table(run_dir, table)
+            frame = read_folded(run_dir, table)
             if "seq" in frame:
                 written |= set(frame.loc[frame["rank"] == rank, "seq"])
         assert set(range(1, seq + 1)) <= written

@@ -25,6 +25,22 @@ def read_table(run_dir: Path, table: str) -> pd.DataFrame:
     return frame.sort_values([c for c in ("rank", "seq") if c in frame]).reset_index(drop=True)
 
 
+def read_folded(run_dir: Path, table: str, ranks: list[int] | None = None) -> pd.DataFrame:
+    """One table with each rank's journal tail folded in, as ``fsdptrace.load`` reads it.
+
+    A rank that died (SIGKILL, or SIGTERM's default action right after its marker) leaves its
+    last rows in the journal only: plain Parquet readers see what was converted before.
+    """
+    from fsdptrace import reader
+
+    ranks = reader.discover_ranks(run_dir) if ranks is None else ranks
+    frame = reader.read_ranks(run_dir, table, ranks).to_pandas()
+    for column in frame.columns:
+        if isinstance(frame[column].dtype, pd.CategoricalDtype):
+            frame[column] = frame[column].astype(object)
+    return frame
+
+
 def orders(run_dir: Path) -> dict[tuple[int, int, int, str], list[str]]:
     """Units in the order they began each (rank, step, micro_step, phase)."""
     events = read_table(run_dir, "events")
