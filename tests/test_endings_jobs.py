@@ -112,8 +112,13 @@ def test_sigint_is_terminated_not_a_keyboard_interrupt_crash(tmp_path: Path) -> 
     _assert_stalled(run_dir, truth, "was terminated by SIGINT")
 
 
-def _assert_crashed_in_layers_1(tmp_path: Path) -> None:
+def _assert_crashed_in_layers_1(proc: subprocess.Popen, tmp_path: Path) -> None:
     """Rank 1 raised inside ``layers.1``'s forward: crashed with the exception, stalled there."""
+    try:
+        proc.wait(timeout=120)
+    finally:
+        _kill_group(proc)
+    assert proc.returncode != 0
     run_dir = tmp_path / "run"
     truth = tuple(json.loads((tmp_path / "truth.json").read_text()))
     assert _ending(run_dir, 1) == ("crashed", "RuntimeError: planted failure in layers.1")
@@ -122,12 +127,7 @@ def _assert_crashed_in_layers_1(tmp_path: Path) -> None:
 
 def test_uncaught_exception_under_torchrun_is_crashed(tmp_path: Path) -> None:
     proc = _start(_torchrun("--out", str(tmp_path), "raise"))
-    try:
-        proc.wait(timeout=120)
-    finally:
-        _kill_group(proc)
-    assert proc.returncode != 0
-    _assert_crashed_in_layers_1(tmp_path)
+    _assert_crashed_in_layers_1(proc, tmp_path)
 
 
 def test_exception_under_mp_spawn_is_crashed(tmp_path: Path) -> None:
@@ -137,12 +137,7 @@ def test_exception_under_mp_spawn_is_crashed(tmp_path: Path) -> None:
                             env={**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
                             cwd=REPO, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        proc.wait(timeout=120)
-    finally:
-        _kill_group(proc)
-    assert proc.returncode != 0
-    _assert_crashed_in_layers_1(tmp_path)
+    _assert_crashed_in_layers_1(proc, tmp_path)
 
 
 def _killed(tmp_path: Path, sig: signal.Signals) -> tuple:
