@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdptrace import journal_read, schema, validate
+from fsdptrace import journal_hot, journal_read, schema, validate
 from fsdptrace.errors import RunDirError
 from fsdptrace.journal_format import JOURNAL_DIR, RANGE_PART_NAME
 
@@ -150,12 +150,29 @@ def _conform(data: pa.Table, expected: pa.Schema, *, path: Path, table: str) -> 
         ) from None
 
 
+_RELIST_ATTEMPTS = 5
+
+
 def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
-    """All chunks of one table for one rank, as one table with a ``rank`` column."""
+    """All chunks of one table for one rank, as one table with a ``rank`` column.
+
+    A writer process may be converting or compacting while we read (a rank still running,
+    or one that just died). Segments are listed before parts, so a segment converted in
+    between is found in its part (and skipped as covered); a listed file that vanished means
+    a compaction replaced it, so everything is listed and read again.
+    """
     partition = run_dir / table / schema.RANK_DIR.format(rank=rank)
-    files = part_files(partition) if partition.is_dir() else []
-    parts = [read_file(path, table) for path in files]
-    parts += _journal_tail(run_dir, table, rank, covered_ranges(files))
+    for attempt in range(_RELIST_ATTEMPTS):
+        segments = _journal_segments(run_dir, table, rank)
+        files = part_files(partition) if partition.is_dir() else []
+        try:
+            parts = [read_file(path, table) for path in files]
+            parts += _journal_tail(segments, table, covered_ranges(files))
+            break
+        except (RunDirError, FileNotFoundError):
+            listed = [*files, *segments.values()]
+            if attempt + 1 == _RELIST_ATTEMPTS or all(p.exists() for p in listed):
+                raise
     data = _concat(parts, schema.TABLES[table])
     if table == "meta":
         highest = max(rank_dirs(run_dir, "meta"), default=rank)
@@ -165,12 +182,25 @@ def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
     return _with_rank(data, rank)
 
 
-def _journal_tail(run_dir: Path, table: str, rank: int,
+def _journal_segments(run_dir: Path, table: str, rank: int) -> dict[tuple[str, int], Path]:
+    """A rank's journal segments of ``table`` by (writer, index).
+
+    A rank on this host that is still writing (or just died, its writer process not done)
+    has its newest bytes in its private hot folder: those copies win over the run dir's.
+    """
+    journal = run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)
+    found = {(w, i): p for w, i, p in journal_read.segments(journal, table)}
+    hot = journal_hot.hot_dir(journal, create=False)
+    if hot is not None:
+        found.update({(w, i): p for w, i, p in journal_read.segments(hot, table)})
+    return found
+
+
+def _journal_tail(segments: dict[tuple[str, int], Path], table: str,
                   ranges: dict[str, list[tuple[int, int]]]) -> list[pa.Table]:
     """Rows a rank left in its journal: segments no part covers (a deletion may have been cut)."""
-    journal = run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)
     tail = []
-    for writer, index, path in journal_read.segments(journal, table):
+    for (writer, index), path in sorted(segments.items()):
         if any(a <= index <= b for a, b in ranges.get(writer, ())):
             continue
         data = journal_read.read_segment(path, table)

@@ -10,6 +10,7 @@ garbage bytes in the journal.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -17,10 +18,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from fsdptrace import schema
+from fsdptrace import journal_hot, schema
 from fsdptrace.errors import RunDirError
 from fsdptrace.journal_format import HEADER
 from fsdptrace.reader import part_files, read_rank
+from fsdptrace.record.part_writer import PartWriter
 from fsdptrace.record.writer import ChunkWriter
 
 UNITS = ["<root>", "layers.0", "layers.1"]
@@ -47,21 +49,34 @@ def _seqs(run_dir: Path, table: str = "events") -> list[int]:
     return sorted(read_rank(run_dir, table, 0).column("seq").to_pylist())
 
 
-def test_every_row_reads_back_once_running_and_closed(tmp_path: Path) -> None:
+@pytest.fixture
+def cold_journal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments mapped in the run dir itself: what a salvaged or hot-less journal looks like."""
+    monkeypatch.setenv(journal_hot.HOT_DIR_ENV, "off")
+
+
+@pytest.mark.parametrize("hot", [True, False], ids=["hot", "cold"])
+def test_every_row_reads_back_once_running_and_closed(tmp_path: Path, hot: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    if not hot:
+        monkeypatch.setenv(journal_hot.HOT_DIR_ENV, "off")
     writer = _writer(tmp_path)
+    assert (writer.segment_dir != writer.journal_dir) is hot
     writer.start()
     _append_events(writer, 1, 2000)
     writer.request_flush()
     assert _seqs(tmp_path) == list(range(1, 2001))  # parts and journal tail together
     assert writer.close(10.0)
     assert _seqs(tmp_path) == list(range(1, 2001))
-    assert [p.name for p in part_files(tmp_path / "events" / "rank=0")] == [
-        f"part-j1_000000001-000000-{writer.converted['events']:06d}.parquet"]
+    (part,) = part_files(tmp_path / "events" / "rank=0")  # compacted to one
+    assert re.fullmatch(r"part-j1_000000001-000000-\d{6}\.parquet", part.name)
     assert not list((tmp_path / "journal" / "rank=0").iterdir())
+    assert not writer.segment_dir.exists() or not hot  # the writer removed its hot folder
     for table in schema.TABLES:  # every table exists, empty or not
         assert len(list((tmp_path / table / "rank=0").glob("part-*.parquet"))) == 1
 
 
+@pytest.mark.usefixtures("cold_journal")
 def test_interrupted_deletion_and_compaction_count_once(tmp_path: Path) -> None:
     writer = _writer(tmp_path)
     writer.start()
@@ -77,20 +92,23 @@ def test_interrupted_deletion_and_compaction_count_once(tmp_path: Path) -> None:
     for table in second.tables.values():
         table.seal()
     shutil.copytree(tmp_path / "again" / "journal", saved)
-    second._write_empty_tables()
-    second.convert_full()
+    # The writer process's steps, run here one at a time.
+    process = PartWriter(tmp_path / "again", rank=0, version="test", writer_id="j1_000000001")
+    process.write_empty_tables()
+    process.convert(final=True)
     parts = sorted((tmp_path / "again" / "events" / "rank=0").glob("part-*"))
     assert len(parts) == 2
     shutil.copytree(saved, tmp_path / "again" / "journal", dirs_exist_ok=True)
     assert _seqs(tmp_path / "again") == list(range(1, 1501))
     kept = tmp_path.parent / "kept"
     shutil.copytree(tmp_path / "again" / "events", kept)
-    second.compact()
+    process.compact()
     shutil.copytree(kept, tmp_path / "again" / "events", dirs_exist_ok=True)
     assert len(list((tmp_path / "again" / "events" / "rank=0").glob("part-*"))) == 3
     assert _seqs(tmp_path / "again") == list(range(1, 1501))
 
 
+@pytest.mark.usefixtures("cold_journal")
 def test_torn_slots_are_skipped_and_garbage_is_named(tmp_path: Path) -> None:
     writer = _writer(tmp_path)  # never started: everything stays in the journal
     _append_events(writer, 1, 30)
@@ -113,6 +131,7 @@ def test_torn_slots_are_skipped_and_garbage_is_named(tmp_path: Path) -> None:
         read_rank(tmp_path, "events", 0)
 
 
+@pytest.mark.usefixtures("cold_journal")
 def test_abandon_writes_and_deletes_nothing(tmp_path: Path) -> None:
     writer = _writer(tmp_path)
     _append_events(writer, 1, 10)
@@ -127,8 +146,8 @@ def test_abandon_writes_and_deletes_nothing(tmp_path: Path) -> None:
 
 
 def test_close_returns_in_time_when_the_filesystem_blocks(tmp_path: Path) -> None:
-    """A writer stuck in a filesystem call (here: opening a FIFO nobody reads) holds nothing
-    the caller waits on: ``close`` returns at its timeout and the rows stay in the journal."""
+    """A writer process stuck in a filesystem call (here: opening a FIFO nobody reads) holds
+    nothing the caller waits on: ``close`` returns at its timeout and the rows stay readable."""
     partition = tmp_path / "meta" / "rank=0"
     partition.mkdir(parents=True)
     stuck = partition / ".part-j1_000000001-000000-000000.parquet.tmp"
@@ -140,6 +159,61 @@ def test_close_returns_in_time_when_the_filesystem_blocks(tmp_path: Path) -> Non
     assert writer.close(0.5) is False
     assert time.monotonic() - started < 2.0
     assert _seqs(tmp_path) == list(range(1, 501))
-    # Let the stuck thread go: it finds no reader, fails, and stops.
-    with open(os.open(stuck, os.O_RDONLY | os.O_NONBLOCK), "rb"):
-        pass
+    assert writer._process is not None
+    writer._process.kill()  # it would wait for a FIFO reader forever
+
+
+def test_the_writer_mirrors_the_hot_tail_into_the_run_dir(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader on another host sees only the run dir: a rank that is still writing (hung)
+    has its open segments copied there within a flush interval."""
+    writer = _writer(tmp_path)
+    assert writer.segment_dir != writer.journal_dir
+    writer.start()
+    _append_events(writer, 1, 40)  # fewer than a segment: nothing converted yet
+    deadline = time.monotonic() + 10
+    with monkeypatch.context() as remote:
+        remote.setenv(journal_hot.HOT_DIR_ENV, "off")  # the reader cannot see the hot folder
+        while _seqs(tmp_path) != list(range(1, 41)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _seqs(tmp_path) == list(range(1, 41))
+    assert writer.close(10.0)
+    assert _seqs(tmp_path) == list(range(1, 41))
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from fsdptrace import schema
+from fsdptrace.record.part_writer import PartWriter
+from fsdptrace.record.writer import ChunkWriter
+writer = ChunkWriter(Path(sys.argv[1]), rank=0, version="test", writer_id="j1_000000002",
+                     flush_interval_s=3600, segment_bytes=(4096, 8192))
+writer.start()
+events = writer.buffer("events", {"phase": schema.PHASES, "unit": ["<root>"]})
+for seq in range(1, 301):
+    events.append((seq, seq, 0, 0, 0, 0))
+print(writer.segment_dir, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_writer_process_writes_a_killed_process_tail_as_parquet(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """SIGKILL: no thread of the process runs again; its writer process, told by the process's
+    end, turns the hot segments into Parquet that plain readers see."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == -9, done.stderr
+    hot = Path(done.stdout.strip())
+    assert journal_hot.wait_salvaged(tmp_path / "journal" / "rank=0", 10.0)
+    assert not hot.exists()
+    monkeypatch.setenv(journal_hot.HOT_DIR_ENV, "off")  # read the run dir only
+    assert _seqs(tmp_path) == list(range(1, 301))
+    assert not list((tmp_path / "journal" / "rank=0").iterdir())  # all in Parquet
+    plain = pq.read_table(tmp_path / "events" / "rank=0")
+    assert sorted(plain.column("seq").to_pylist()) == list(range(1, 301))

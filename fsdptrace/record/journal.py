@@ -1,7 +1,8 @@
 """The memory-mapped journal: a recorded row is in a file the kernel keeps once ``append`` returns.
 
-Each table of a rank writes into ``MAP_SHARED`` mappings of segment files
-(``journal_format``). Storing into a mapping is a memory write, not a syscall: SIGKILL, an abort
+Each table of a rank writes into ``MAP_SHARED`` mappings of segment files (``journal_format``)
+in a private tmpfs folder (``journal_hot``: no filesystem freeze can stall a row), or in the
+run dir's journal when there is none. Storing into a mapping is a memory write, not a syscall: SIGKILL, an abort
 or a segfault right after a hook loses nothing, because the pages belong to the file. A
 syscall happens only when a segment fills and the next one is created: they start at
 ``FIRST_SEGMENT_BYTES`` and double up to ``MAX_SEGMENT_BYTES``, and are ``posix_fallocate``d,
@@ -107,6 +108,10 @@ class FixedTable:
         for row in rows:
             self.append(row)
 
+    def written(self) -> tuple[int, mmap.mmap | bytearray, int]:
+        """(segment index, its mapping, bytes used): what the writer thread mirrors."""
+        return self.segments.index, self._buf, self._pos
+
     def _roll(self) -> bool:
         opened = self.segments.open_next(self._size)
         if opened is None:
@@ -163,6 +168,9 @@ class FramedTable:
         self._buf, self._end = opened
         self._pos = self.segments.offset
         return True
+
+    def written(self) -> tuple[int, mmap.mmap | bytearray, int]:
+        return self.segments.index, self._buf, self._pos
 
     def seal(self, timeout_s: float = 1.0) -> None:
         # Bounded: another thread may hold the lock while creating a segment on a frozen

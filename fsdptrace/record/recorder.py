@@ -32,6 +32,7 @@ from fsdptrace.record.writer import (
     DEFAULT_CLOSE_TIMEOUT_S,
     DEFAULT_FLUSH_INTERVAL_S,
     ChunkWriter,
+    WriterProcessError,
 )
 from fsdptrace.version import __version__
 
@@ -311,7 +312,9 @@ class Recorder:
         self._mark(schema.MARKER_DISABLED, 0, reason)
 
     def _on_writer_failure(self, error: BaseException) -> None:
-        self.disable(f"cannot write to {self.run_dir}: {type(error).__name__}: {error}")
+        what = error if isinstance(error, WriterProcessError) else (
+            f"{type(error).__name__}: {error}")
+        self.disable(f"cannot write to {self.run_dir}: {what}")
 
     def _write_static_tables(self, steps: str | None) -> None:
         self.writer.buffer("meta").append(

@@ -1,32 +1,27 @@
-"""Background writer: turns full journal segments into Parquet parts, compacts them at close.
+"""The recorder's side of writing: journal tables for the hooks, a writer process for the disk.
 
-The training thread writes rows into the memory-mapped journal (``record.journal``); this
-thread only moves finished segments into the hive-partitioned tables. A part is named by the
-segment range it holds, written under a hidden temporary name, renamed, and only then are
-its segments deleted: the reader skips segments a part covers and parts inside another
-part's range, so a process killed between any two of these steps still reads whole.
-
-Files follow bytes, not steps: a part holds whatever segments filled since the last wake,
-and segments grow to ``journal.MAX_SEGMENT_BYTES``. ``close`` seals the journal, converts the
-tail and compacts each table to one part per writer, on this thread, and waits at most
-``close_timeout_s``: a writer stuck on a frozen filesystem leaves its rows in the journal,
-where the reader finds them.
+The training thread writes rows into memory-mapped journal segments (``record.journal``),
+mapped from a private tmpfs folder (``journal_hot``) when there is one, else from
+``RUN_DIR/journal/``. Everything else happens in the writer process (``record.part_writer``,
+one per recorder): Parquet parts, the journal mirror, compaction, and the tail of a process
+that died. This process only tells it ``flush`` and ``close`` through a pipe and reads its
+status on a thread, so it never waits on the run dir's filesystem: a frozen one stalls the
+writer process, not training, ``close()`` or the exit.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
-import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from fsdptrace import journal_read, schema
-from fsdptrace.journal_format import JOURNAL_DIR, RANGE_PART_FILE, RANGE_PART_NAME, SEGMENT_FILE
+from fsdptrace import journal_hot, schema
+from fsdptrace.journal_format import JOURNAL_DIR
 from fsdptrace.record.journal import FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES, Table, open_table
 
 log = logging.getLogger("fsdptrace")
@@ -35,8 +30,12 @@ DEFAULT_FLUSH_INTERVAL_S = 2.0
 DEFAULT_CLOSE_TIMEOUT_S = 5.0
 
 
+class WriterProcessError(Exception):
+    """A failure the writer process reported (its message names the original type)."""
+
+
 class ChunkWriter:
-    """Owns one rank's journal, the writer thread and the Parquet layout."""
+    """Owns one rank's journal tables and the writer process that turns them into Parquet."""
 
     def __init__(
         self,
@@ -58,7 +57,6 @@ class ChunkWriter:
         self.segment_bytes = segment_bytes  # (first, largest): tests make them small
         self.journal_dir = self.run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)
         self.tables: dict[str, Table] = {}
-        self.converted: dict[str, int] = {}  # table -> last segment index turned into Parquet
         self.failed = False
         # Reported by the recorder once it can warn (``report_init_error``), not raised:
         # recording must never break training.
@@ -67,11 +65,10 @@ class ChunkWriter:
             self.journal_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             self.failed, self.init_error = True, error
-        self.bytes_written = 0
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._schemas: dict[str, pa.Schema] = {}
+        hot = None if self.failed else journal_hot.hot_dir(self.journal_dir, create=True)
+        self.segment_dir = hot or self.journal_dir  # where the hooks' segments are mapped
+        self._process: subprocess.Popen[bytes] | None = None
+        self._status = _Status()
 
     def buffer(self, table: str, vocab: dict[str, Sequence[str]] | None = None) -> Table:
         """The journal table the training thread appends ``table``'s row tuples to.
@@ -79,7 +76,7 @@ class ChunkWriter:
         ``vocab`` names the codes of dictionary columns (fixed tables store codes).
         """
         if table not in self.tables:
-            self.tables[table] = open_table(self.journal_dir, table, self.writer_id,
+            self.tables[table] = open_table(self.segment_dir, table, self.writer_id,
                                             vocab or {}, self._fail, self.segment_bytes)
             self.tables[table].segments.failed = self.failed
         return self.tables[table]
@@ -87,127 +84,110 @@ class ChunkWriter:
     def _fail(self, error: BaseException) -> None:
         if not self.failed:
             self.failed = True
+            for table in self.tables.values():
+                table.segments.failed = True
             if self.on_failure is not None:
                 self.on_failure(error)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="fsdptrace-writer", daemon=True)
-        self._thread.start()
+        """Start the writer process and the thread that reads its status."""
+        if self.failed:
+            self._status.done.set()
+            return
+        package_parent = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH"))
+                                            if p)
+        command = [sys.executable, "-m", "fsdptrace.record.part_writer", "--parent",
+                   str(os.getpid()), "--run-dir", str(self.run_dir), "--rank", str(self.rank),
+                   "--version", self.version, "--writer-id", self.writer_id, "--segment-dir",
+                   str(self.segment_dir), "--interval", str(self.flush_interval_s)]
+        try:
+            # Its own session: the job's Ctrl-C and the scheduler's SIGTERM reach training,
+            # and the writer process is still there to write the tail.
+            # Not the job's stderr: a writer stuck on a frozen filesystem would hold the
+            # launcher's pipe open. Its failures come back as status lines.
+            self._process = subprocess.Popen(command, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                             env=env, cwd="/", start_new_session=True,
+                                             close_fds=True)
+        except OSError as error:
+            self._status.done.set()
+            self._fail(error)
+            return
+        assert self._process.stdin is not None
+        os.set_blocking(self._process.stdin.fileno(), False)
+        # The thread outlives close() by the writer's last moments: it holds no recorder.
+        threading.Thread(target=_read_status, args=(self._process, self._status,
+                                                    weakref.ref(self)),
+                         name="fsdptrace-writer-status", daemon=True).start()
+
+    @property
+    def bytes_written(self) -> int:
+        return self._status.bytes_written
+
+    def _tell(self, word: bytes) -> None:
+        """One line to the writer process; never blocks the caller (a full pipe drops it)."""
+        process = self._process
+        if process is None or process.stdin is None:
+            return
+        try:
+            os.write(process.stdin.fileno(), word + b"\n")
+        except (BlockingIOError, BrokenPipeError, OSError, ValueError):
+            pass
 
     def request_flush(self) -> None:
-        """Ask the writer thread to convert full segments soon; never blocks the caller."""
-        self._wake.set()
+        """Ask the writer process to convert full segments soon; never blocks the caller."""
+        self._tell(b"flush")
 
     def sync(self, timeout_s: float = 0.0) -> bool:
         """Whether every recorded row is durable: with the journal it always is."""
         return True
 
     def abandon(self) -> None:
-        """In a forked child: forget the parent's mappings; write, delete and start nothing."""
-        self._stop.set()
-        self._thread = None
+        """In a forked child: forget the parent's mappings and writer; write nothing."""
+        self._process = None  # the parent's; it watches the parent, not us
+        self._status.done.set()
         for table in self.tables.values():
             table.abandon()
 
     def close(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> bool:
-        """Seal the journal, let the thread write the tail and compact; True if it finished."""
+        """Seal the journal and wait at most ``timeout_s`` for the writer to finish.
+
+        True if every row is in Parquet. Otherwise (a stalled filesystem, a failure) the
+        writer process finishes on its own, after this process has gone if need be.
+        """
         for table in self.tables.values():
             table.seal()
-        self._stop.set()
-        self._wake.set()
-        thread = self._thread
-        if thread is None or thread is threading.current_thread():
+        if self._process is None:
             return False
-        thread.join(timeout_s)
-        return not thread.is_alive()
-
-    def _run(self) -> None:
-        try:
-            _import_lazy_readers()
-            self._write_empty_tables()
-            while not self._stop.is_set():
-                self._wake.wait(self.flush_interval_s)
-                self._wake.clear()
-                self.convert_full()
-            self.convert_full()
-            self.compact()
-        except BaseException as error:  # never let the writer thread die silently
-            self._fail(error)
-
-    def _write_empty_tables(self) -> None:
-        """Every table exists from the start, so hive globs never fail on a short run."""
-        for name in schema.TABLES:
-            table = self._schema(name).empty_table()
-            self._write_part(name, table, 0, 0)
-
-    def convert_full(self) -> None:
-        """One Parquet part per table holding every segment that filled since the last call."""
-        for name, table in list(self.tables.items()):
-            full = table.segments.full
-            done = self.converted.get(name, 0)
-            ready = [i for i in full[:] if i > done]
-            if not ready:
-                continue
-            paths = [self._segment(name, i) for i in ready]
-            data = pa.concat_tables([journal_read.read_segment(p, name) for p in paths])
-            self._write_part(name, data.cast(self._schema(name)), ready[0], ready[-1])
-            self.converted[name] = ready[-1]
-            for path in paths:
-                path.unlink()
-            time.sleep(0)  # let a waiting hook run now, not after the GIL switch interval
-
-    def compact(self) -> None:
-        """Merge each table's parts of this writer into one (at close)."""
-        for name in schema.TABLES:
-            parts = []
-            for path in self._partition(name).iterdir():
-                match = RANGE_PART_NAME.match(path.name)
-                if match and match["writer"] == self.writer_id:
-                    parts.append((int(match["first"]), int(match["last"]), path))
-            if len(parts) < 2:
-                continue
-            parts.sort()
-            data = pa.concat_tables([pq.read_table(p).cast(self._schema(name))
-                                     for _, _, p in parts])
-            self._write_part(name, data, parts[0][0], max(last for _, last, _ in parts))
-            for _, _, path in parts:
-                path.unlink()
-
-    def _segment(self, table: str, index: int) -> Path:
-        return self.journal_dir / SEGMENT_FILE.format(table=table, writer=self.writer_id,
-                                                      index=index)
-
-    def _partition(self, table: str) -> Path:
-        return (self.run_dir / schema.TABLE_DIR.format(table=table)
-                / schema.RANK_DIR.format(rank=self.rank))
-
-    def _schema(self, table_name: str) -> pa.Schema:
-        cached = self._schemas.get(table_name)
-        if cached is None:
-            cached = schema.with_metadata(schema.TABLES[table_name], rank=self.rank,
-                                          version=self.version)
-            self._schemas[table_name] = cached
-        return cached
-
-    def _write_part(self, table_name: str, table: pa.Table, first: int, last: int) -> Path:
-        """Write one part atomically: a hidden temp name (hive readers skip dot-files), rename."""
-        directory = self._partition(table_name)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / RANGE_PART_FILE.format(writer=self.writer_id, first=first, last=last)
-        temp = path.with_name("." + path.name + schema.TEMP_SUFFIX)
-        pq.write_table(table, temp, compression="zstd")
-        os.replace(temp, path)
-        self.bytes_written += path.stat().st_size
-        return path
+        self._tell(b"close")
+        return self._status.done.wait(timeout_s) and self._status.finished and not self.failed
 
 
-def _import_lazy_readers() -> None:
-    """Import now what ``pq.read_table`` imports on first use (``pyarrow.dataset``).
+class _Status:
+    """What the writer process said: bytes written, whether it finished."""
 
-    Compaction may first read at interpreter exit, and importing pyarrow's Cython modules
-    then resets CPython's record of an unhandled KeyboardInterrupt: a Ctrl-C'd rank would
-    exit 1 instead of dying by SIGINT as it does without fsdptrace. Done on this thread, so
-    the training thread never pays for it.
-    """
-    import pyarrow.dataset  # noqa: F401
+    def __init__(self) -> None:
+        self.bytes_written = 0
+        self.finished = False  # it said ``done``: every row is in Parquet (or the journal)
+        self.done = threading.Event()  # it finished, or is gone
 
+
+def _read_status(process: subprocess.Popen[bytes], status: _Status,
+                 writer: weakref.ref[ChunkWriter]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        word, _, rest = line.decode(errors="replace").strip().partition(" ")
+        if word == "wrote":
+            status.bytes_written += int(rest or 0)
+        elif word == "error":
+            alive = writer()
+            if alive is not None:
+                alive._fail(WriterProcessError(rest))
+            del alive
+        elif word == "done":
+            status.finished = True
+            status.done.set()
+    status.done.set()  # it exited (or was killed) without a word
+    process.wait()

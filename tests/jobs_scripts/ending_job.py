@@ -11,6 +11,9 @@ micro-step, phase, unit, seq) synchronously, then stops:
 ``--spawn`` runs both ranks under ``torch.multiprocessing.spawn`` instead of the test's launcher
 or torchrun. ``--blocked``: rank 1 sleeps outside FSDP at step 2 while rank 0 blocks in a gloo
 all-reduce; rank 0 writes ``<out>/blocked.pid`` just before it blocks (``--plain``: unrecorded).
+``frozen`` (one rank, ``--run-dir`` on a filesystem the test freezes): at step 2 the rank writes
+``<out>/ready`` and waits for ``<out>/go``, trains on, closes (``close_timeout_s=2``) and writes
+how long ``close()`` took to ``<out>/close_s``.
 """
 
 from __future__ import annotations
@@ -60,24 +63,37 @@ def _stop_in_forward(rec: Any, model: Any, case: str, out: Path) -> None:
     model.layers[1].register_forward_pre_hook(stop)
 
 
-def train(rank: int, case: str, out: Path, flush_s: float, plain: bool) -> None:
+def train(rank: int, case: str, out: Path, flush_s: float, plain: bool,
+          run_dir: Path | None = None) -> None:
     sc = scenarios.Scenario()
     model, optimizer = scenarios.build(sc, rank)
-    rec = None if plain else fsdptrace.attach(model, run_dir=out / "run", optimizer=optimizer,
-                                              flush_interval_s=flush_s)
+    rec = None if plain else fsdptrace.attach(model, run_dir=run_dir or out / "run",
+                                              optimizer=optimizer, flush_interval_s=flush_s,
+                                              close_timeout_s=2.0)
     if rank == 1 and rec is not None and case in ("hang", "raise"):
         _stop_in_forward(rec, model, case, out)
     generator = torch.Generator().manual_seed(rank)
     for step in range(4):
         if case == "blocked" and step == STOP_STEP:
             _block(rank, out)
+        if case == "frozen" and step == STOP_STEP:
+            _wait_for_go(out)
         for _micro in range(sc.micro_steps):
             tokens = torch.randint(0, 32, (32,), generator=generator)
             model(tokens).float().pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad()
     if rec is not None:
+        started = time.monotonic()
         rec.close()
+        if case == "frozen":
+            (out / "close_s").write_text(f"{time.monotonic() - started:.3f}")
+
+
+def _wait_for_go(out: Path) -> None:
+    (out / "ready").write_text("")
+    while not (out / "go").exists():
+        time.sleep(0.02)
 
 
 def _block(rank: int, out: Path) -> None:
@@ -99,7 +115,8 @@ def main() -> int:
     parser.add_argument("--flush", type=float, default=60.0)
     parser.add_argument("--spawn", action="store_true")
     parser.add_argument("--plain", action="store_true")
-    parser.add_argument("case", choices=["hang", "raise", "blocked"])
+    parser.add_argument("--run-dir", type=Path)
+    parser.add_argument("case", choices=["hang", "raise", "blocked", "frozen"])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.spawn:
@@ -108,7 +125,7 @@ def main() -> int:
         mp.spawn(_spawned, args=(args.case, str(args.out), args.flush), nprocs=2)
         return 0
     dist.init_process_group("gloo")
-    train(dist.get_rank(), args.case, args.out, args.flush, args.plain)
+    train(dist.get_rank(), args.case, args.out, args.flush, args.plain, args.run_dir)
     dist.destroy_process_group()
     return 0
 

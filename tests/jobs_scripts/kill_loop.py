@@ -29,7 +29,7 @@ import fsdptrace
 from fsdptrace import schema
 
 MAX_EVENTS = 1000
-# Events and all-gathers segments of 4-8 KiB (a few dozen rows): the writer thread converts
+# Events and all-gathers segments of 4-8 KiB (a few dozen rows): the writer process converts
 # and deletes segments all through each run, so kills land between any two of its steps.
 SMALL_SEGMENTS = (4096, 8192)
 

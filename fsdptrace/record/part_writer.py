@@ -1,0 +1,279 @@
+"""The writer process: every byte a recorder puts in the run dir is written here, not in training.
+
+A write to a frozen or stalled filesystem (``fsfreeze``, an NFS or Lustre server gone quiet)
+sleeps uninterruptibly in the kernel; a process with such a thread cannot finish exiting, so a
+writer *thread* would hold the training process past its end. The recording process therefore
+only stores rows into memory-mapped journal segments (in a private tmpfs folder,
+``journal_hot``) and this process, one per recorder, started with ``python -m``, does the rest:
+
+- every flush interval (or when asked): turn full segments into Parquet parts named by the
+  segment range they hold, then copy the open segment's new bytes into ``RUN_DIR/journal/``,
+  so a reader on another host sees a hung rank's tail at most one interval late;
+- on ``close``: convert everything, compact each table to one part, answer ``done``;
+- when the recording process ends without ``close`` (SIGKILL, an abort, a segfault, a close cut
+  short by a frozen filesystem): the same, so the run dir holds every row in plain Parquet;
+  what it cannot write stays in the run dir's journal, which ``fsdptrace`` folds in.
+
+It ignores SIGINT, SIGTERM and SIGHUP and runs in its own session: the job's Ctrl-C or the
+scheduler's SIGTERM stop the training, and this process still has the tail to write. Its
+status reaches the recorder as lines on stdout: ``wrote BYTES``, ``error TYPE: MESSAGE``,
+``done``. Stdin carries ``flush`` and ``close``.
+
+A part is written under a hidden temporary name, renamed, and only then are its segments
+deleted: the reader skips segments a part covers and parts inside another part's range, so a
+process killed between any two of these steps still reads whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fsdptrace import journal_hot, journal_read, schema
+from fsdptrace.journal_format import (
+    JOURNAL_DIR,
+    RANGE_PART_FILE,
+    RANGE_PART_NAME,
+    SEGMENT_FILE,
+    SEGMENT_NAME,
+)
+
+_PAGE = 4096
+
+
+class PartWriter:
+    """One recorder's segments in, one rank's Parquet parts and journal mirror out."""
+
+    def __init__(self, run_dir: Path, *, rank: int, version: str, writer_id: str,
+                 segment_dir: Path | None = None) -> None:
+        self.run_dir, self.rank, self.version, self.writer_id = run_dir, rank, version, writer_id
+        self.journal_dir = run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)
+        self.segment_dir = segment_dir or self.journal_dir
+        self.converted: dict[str, int] = {}  # table -> last segment index turned into Parquet
+        self.mirrored: dict[str, tuple[int, int]] = {}  # table -> (segment index, bytes copied)
+        self.bytes_written = 0
+        self.on_part: Callable[[int], None] = lambda size: None  # the process reports sizes
+        self._schemas: dict[str, pa.Schema] = {}
+
+    def segments(self) -> dict[str, list[int]]:
+        """This writer's segment indexes per table, in order."""
+        found: dict[str, list[int]] = {}
+        for path in journal_hot.segment_files(self.segment_dir, self.writer_id):
+            match = SEGMENT_NAME.match(path.name)
+            if match and match["writer"] == self.writer_id and match["table"] in schema.TABLES:
+                found.setdefault(match["table"], []).append(int(match["index"]))
+        return {table: sorted(indexes) for table, indexes in found.items()}
+
+    def write_empty_tables(self) -> None:
+        """Every table exists from the start, so hive globs never fail on a short run."""
+        for name in schema.TABLES:
+            self._write_part(name, self._schema(name).empty_table(), 0, 0)
+
+    def convert(self, *, final: bool) -> None:
+        """One Parquet part per table holding the segments that filled since the last call.
+
+        A segment is full once the recorder created the next one; ``final`` (closed, or the
+        recording process is gone) converts the open one too.
+        """
+        for name, indexes in self.segments().items():
+            done = self.converted.get(name, 0)
+            ready = [i for i in (indexes if final else indexes[:-1]) if i > done]
+            if not ready:
+                continue
+            paths = [self._segment(name, i) for i in ready]
+            data = pa.concat_tables([journal_read.read_segment(p, name) for p in paths])
+            self._write_part(name, data.cast(self._schema(name)), ready[0], ready[-1])
+            self.converted[name] = ready[-1]
+            for index, path in zip(ready, paths, strict=True):
+                path.unlink()
+                if self.segment_dir != self.journal_dir:
+                    self._cold_segment(name, index).unlink(missing_ok=True)
+
+    def mirror(self) -> None:
+        """Copy each open segment's new bytes into the run dir's journal.
+
+        Bytes before what the last pass copied do not change once written (a row is complete
+        before the next begins), so each pass copies from a page below that on.
+        """
+        if self.segment_dir == self.journal_dir:
+            return
+        for name, indexes in self.segments().items():
+            index = indexes[-1]
+            seen, copied = self.mirrored.get(name, (0, 0))
+            start = copied - copied % _PAGE if seen == index else 0
+            try:
+                with open(self._segment(name, index), "rb") as hot:
+                    tail = hot.read() if not start else os.pread(hot.fileno(), 1 << 30, start)
+            except FileNotFoundError:
+                continue
+            used = journal_hot.used_length(tail)
+            if used:
+                fd = os.open(self._cold_segment(name, index), os.O_WRONLY | os.O_CREAT, 0o644)
+                try:
+                    os.pwrite(fd, tail[:used], start)
+                finally:
+                    os.close(fd)
+            self.mirrored[name] = (index, start + used)
+
+    def compact(self) -> None:
+        """Merge each table's parts of this writer into one."""
+        for name in schema.TABLES:
+            parts = []
+            for path in self._partition(name).iterdir():
+                match = RANGE_PART_NAME.match(path.name)
+                if match and match["writer"] == self.writer_id:
+                    parts.append((int(match["first"]), int(match["last"]), path))
+            if len(parts) < 2:
+                continue
+            parts.sort()
+            data = pa.concat_tables([pq.read_table(p).cast(self._schema(name))
+                                     for _, _, p in parts])
+            self._write_part(name, data, parts[0][0], max(last for _, last, _ in parts))
+            for _, _, path in parts:
+                path.unlink()
+
+    def flush(self) -> None:
+        """One pass of the loop: full segments into Parquet, the open ones mirrored."""
+        self.convert(final=False)
+        self.mirror()
+
+    def finish(self) -> None:
+        """Everything into Parquet, one part per table; the hot folder removed if empty."""
+        self.convert(final=True)
+        self.compact()
+        if self.segment_dir != self.journal_dir:
+            journal_hot.remove_if_empty(self.segment_dir)
+
+    def salvage(self) -> None:
+        """Whatever could not become Parquet: the segments themselves, into the run dir."""
+        if self.segment_dir != self.journal_dir:
+            journal_hot.salvage(self.segment_dir, self.journal_dir, self.writer_id)
+
+    def _segment(self, table: str, index: int) -> Path:
+        return self.segment_dir / _segment_name(table, self.writer_id, index)
+
+    def _cold_segment(self, table: str, index: int) -> Path:
+        return self.journal_dir / _segment_name(table, self.writer_id, index)
+
+    def _partition(self, table: str) -> Path:
+        return (self.run_dir / schema.TABLE_DIR.format(table=table)
+                / schema.RANK_DIR.format(rank=self.rank))
+
+    def _schema(self, table_name: str) -> pa.Schema:
+        cached = self._schemas.get(table_name)
+        if cached is None:
+            cached = schema.with_metadata(schema.TABLES[table_name], rank=self.rank,
+                                          version=self.version)
+            self._schemas[table_name] = cached
+        return cached
+
+    def _write_part(self, table_name: str, table: pa.Table, first: int, last: int) -> Path:
+        """Write one part atomically: a hidden temp name (hive readers skip dot-files), rename."""
+        directory = self._partition(table_name)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / RANGE_PART_FILE.format(writer=self.writer_id, first=first, last=last)
+        temp = path.with_name("." + path.name + schema.TEMP_SUFFIX)
+        pq.write_table(table, temp, compression="zstd")
+        os.replace(temp, path)
+        size = path.stat().st_size
+        self.bytes_written += size
+        self.on_part(size)
+        return path
+
+
+def _segment_name(table: str, writer: str, index: int) -> str:
+    return SEGMENT_FILE.format(table=table, writer=writer, index=index)
+
+
+def _say(line: str) -> None:
+    try:
+        os.write(1, (line.replace("\n", " ") + "\n").encode())
+    except OSError:
+        pass  # the recorder is gone: nobody to tell
+
+
+def _watch_parent(parent: int) -> int | None:
+    """A descriptor readable once ``parent`` has ended (Linux pidfd), or None: poll instead."""
+    try:
+        return os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        return None
+
+
+def serve(writer: PartWriter, parent: int, interval_s: float, *, failed: bool = False) -> None:
+    """Write until told ``close`` or until the recording process ends; then finish.
+
+    After a failure nothing more is converted; at the end the segments go to the run dir's
+    journal if they can.
+    """
+    pidfd = _watch_parent(parent)
+    watched = [0] + ([pidfd] if pidfd is not None else [])
+    pending = b""
+    closing = parent_gone = False
+    next_pass = time.monotonic() + interval_s
+    while not (closing or parent_gone):
+        ready, _, _ = select.select(watched, [], [], max(0.0, next_pass - time.monotonic()))
+        flush = time.monotonic() >= next_pass
+        if 0 in ready:
+            chunk = os.read(0, 4096)
+            pending += chunk
+            if not chunk:  # the recorder's end of the pipe closed: it is going
+                watched.remove(0)
+                parent_gone = pidfd is None or not watched
+            *lines, pending = pending.split(b"\n")
+            closing = b"close" in lines
+            if b"flush" in lines and not failed:  # an optimizer boundary: parts, not mirrors
+                failed = not _attempt(lambda: writer.convert(final=False))
+        if pidfd is not None and pidfd in ready:
+            parent_gone = True
+        if pidfd is None and os.getppid() != parent:
+            parent_gone = True
+        if flush and not failed:
+            failed = not _attempt(writer.flush)
+            next_pass = time.monotonic() + interval_s
+    if failed or not _attempt(writer.finish):
+        writer.salvage()
+    _say("done")
+
+
+def _attempt(work: Callable[[], None]) -> bool:
+    """Run one pass; a failure is said once (the recorder disables itself) and not raised."""
+    try:
+        work()
+        return True
+    except Exception as error:  # noqa: BLE001 - said to the recorder, which warns once
+        _say(f"error {type(error).__name__}: {error}")
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    parser = argparse.ArgumentParser(description="fsdptrace's writer process (internal)")
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--version", required=True)
+    parser.add_argument("--writer-id", required=True)
+    parser.add_argument("--segment-dir", type=Path, required=True)
+    parser.add_argument("--interval", type=float, required=True)
+    args = parser.parse_args(argv)
+    writer = PartWriter(args.run_dir, rank=args.rank, version=args.version,
+                        writer_id=args.writer_id, segment_dir=args.segment_dir)
+    writer.on_part = lambda size: _say(f"wrote {size}")
+    failed = not _attempt(writer.write_empty_tables)
+    serve(writer, args.parent, args.interval, failed=failed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
