@@ -9,6 +9,7 @@ import pandas as pd
 
 from fsdptrace.checks import findings, incomplete
 from fsdptrace.checks.columns import fold
+from fsdptrace.checks.contract import PER_RANK, Check
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -17,15 +18,8 @@ NAME = "bypassed-unit"
 SEVERITY = findings.ERROR
 
 
-def check(events: pd.DataFrame, units: pd.DataFrame, gradients: pd.DataFrame) -> pd.DataFrame:
+def check(tables: RankTables) -> pd.DataFrame:
     """Per rank and optimizer step: non-root units with gradients and no forward begin."""
-    from fsdptrace.checks.tables import RankTables
-
-    return check_tables(RankTables.from_frames(events=events, units=units, gradients=gradients))
-
-
-def check_tables(tables: RankTables) -> pd.DataFrame:
-    """``check`` on code columns: the live and offline path (pandas only for findings)."""
     grads, units, events = tables.gradients, tables.units, tables.events
     if not len(grads):
         return findings.empty()
@@ -61,11 +55,18 @@ def _report(bypassed: pd.DataFrame) -> pd.DataFrame:
     bypassed = bypassed.assign(rank=bypassed["rank"].astype("int64"),
                                unit=bypassed["unit"].astype(str))
     grouped = bypassed.groupby(["rank", "step", "unit"], sort=True).agg(
-        micro_step=("micro_step", "max"), params=("param", lambda p: ", ".join(map(str, p))),
+        micro_step=("micro_step", "max"),
+        parameters=("param", lambda p: ", ".join(map(str, p))),
     ).reset_index()
     message = (grouped["unit"] + " did not run forward in any micro-step of the step"
                + ", yet its parameters hold gradients at the optimizer boundary (" +
-               grouped["params"] + "): its weights were used without its forward, so FSDP "
+               grouped["parameters"] + "): its weights were used without its forward, so FSDP "
                + "never gathered/reduced them through the unit; call the module itself "
                + "instead of reaching into its parameters, or do not shard it separately")
     return findings.make(NAME, SEVERITY, grouped, message)
+
+
+# Version 2 counts only gradients produced in the step: that needs the gradients-received table
+# the recorder does not write yet; until then a gradient is what the boundary snapshot holds.
+CHECK = Check(2, NAME, SEVERITY, PER_RANK,
+              "child unit bypassed, yet its parameters got gradients", check, live=True)

@@ -60,7 +60,7 @@ def drop_cut_off(events: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
     stalled = stalled_ranks(markers, events["rank"].unique())
     if not stalled:
         return events
-    key = events["step"].astype("int64") * 1_000_000 + events["micro_step"].astype("int64")
+    key = keys.step_key(events["step"], events["micro_step"])
     last = key.groupby(events["rank"]).transform("max")
     cut = events["rank"].isin(stalled) & (key == last)
     return events[~cut]
@@ -116,5 +116,4 @@ def progress_key(step: pd.Series, micro_step: pd.Series, phase: pd.Series,
                  position: pd.Series) -> pd.Series:
     """A sortable number for how far a rank got (step, micro-step, phase, position)."""
     phase_rank = phase.astype(object).map(_PHASE_RANK).fillna(0).astype("int64")
-    return (step.astype("int64") * 1_000_000_000 + micro_step.astype("int64") * 1_000_000
-            + phase_rank * 100_000 + position.astype("int64"))
+    return keys.progress_key(step, micro_step, phase_rank, position)

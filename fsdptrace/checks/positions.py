@@ -17,6 +17,7 @@ import pandas as pd
 
 from fsdptrace.checks import incomplete
 from fsdptrace.checks.columns import Columns, first_mask, fold, lookup
+from fsdptrace.checks.keys import step_key
 from fsdptrace.checks.order import GROUP
 
 if TYPE_CHECKING:
@@ -39,10 +40,30 @@ class Positions:
         return self.events[name] if self.identity else self.events[name][self.rows]
 
     @cached_property
-    def first(self) -> np.ndarray:
-        """Mask of each unit's first row in its order (a unit's position is its first)."""
+    def _call_key(self) -> np.ndarray:
         (key,) = fold([[self.group], [self.column("unit")]])
-        return first_mask(key)
+        return key
+
+    @cached_property
+    def first(self) -> np.ndarray:
+        """Mask of each unit's first call in its pass."""
+        return first_mask(self._call_key)
+
+    @cached_property
+    def last(self) -> np.ndarray:
+        """Mask of each unit's last call in its pass."""
+        return first_mask(self._call_key[::-1])[::-1]
+
+    def first_calls(self) -> np.ndarray:
+        """Indices of each unit's first call in each pass."""
+        return np.flatnonzero(self.first)
+
+    def last_call_positions(self, group: np.ndarray, unit: np.ndarray) -> np.ndarray:
+        """Position of ``unit``'s last call in pass ``group`` (pairwise), or -1 if it made none."""
+        last = np.flatnonzero(self.last)
+        have, want = fold([[self.group[last], group], [self.column("unit")[last], unit]])
+        found = lookup(have, want)
+        return np.where(found >= 0, self.position[last][np.maximum(found, 0)], -1)
 
     def frame(self, mask: np.ndarray | None = None) -> pd.DataFrame:
         """Positioned events as ``order.with_positions`` returns them (for findings only)."""
@@ -80,7 +101,7 @@ def _complete_rows(tables: RankTables) -> np.ndarray | None:
     if not stalled and not len(tables.incomplete):
         return None
     keep = ~incomplete.in_micro_steps(tables.incomplete, ("events",), rank, step, micro)
-    key = step * 1_000_000 + micro
+    key = step_key(step, micro)
     for r in stalled:  # a handful of ranks at most
         mine = rank == r
         keep &= ~(mine & (key == key[mine].max()))

@@ -9,6 +9,8 @@ import pandas as pd
 
 from fsdptrace.checks import findings, keys
 from fsdptrace.checks.columns import first_mask, fold
+from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
+from fsdptrace.checks.keys import step_key
 from fsdptrace.checks.order import majority
 
 if TYPE_CHECKING:
@@ -79,10 +81,9 @@ def effective(signatures: pd.DataFrame) -> pd.DataFrame:
     keys = signatures[["step", "micro_step"]].drop_duplicates()
     ranks = signatures[["rank"]].drop_duplicates()
     grid = ranks.merge(keys, how="cross")
-    grid["key"] = grid["step"].astype("int64") * 1_000_000 + grid["micro_step"].astype("int64")
+    grid["key"] = step_key(grid["step"], grid["micro_step"])
     own = signatures.rename(columns={"step": "snap_step", "micro_step": "snap_micro"})
-    own = own.assign(key=own["snap_step"].astype("int64") * 1_000_000
-                     + own["snap_micro"].astype("int64"))
+    own = own.assign(key=step_key(own["snap_step"], own["snap_micro"]))
     merged = pd.merge_asof(grid.sort_values("key"), own.sort_values("key"), on="key", by="rank",
                            direction="backward")
     return merged.dropna(subset=["snap_step"]).drop(columns="key")
@@ -128,8 +129,17 @@ def _differences(odd: pd.DataFrame, lists: pd.DataFrame) -> pd.Series:
     return odd["rank"].map(lines).fillna("edges differ")
 
 
-def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, prefetch: pd.DataFrame
-          ) -> pd.DataFrame:
+def check(merged: Merged) -> pd.DataFrame:
+    """Configuration signatures compared; edges re-read only when some differ."""
+    config = merged.config_signatures
+    if len(set(config.get("signature", []))) <= 1:
+        return findings.empty()
+    ranks = sorted(int(r) for r in config["rank"].unique())
+    return compare(config, merged.unit_sets, merged.fetch_prefetch(ranks))
+
+
+def compare(signatures: pd.DataFrame, unit_sets: pd.DataFrame, prefetch: pd.DataFrame
+            ) -> pd.DataFrame:
     """Compare the snapshots ranks recorded at the same (step, micro_step)."""
     if not len(signatures):
         return findings.empty()
@@ -159,3 +169,7 @@ def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, prefetch: pd.DataFr
                + odd["reference_rank"].astype(str) + "): " + odd["diff"]
                + "; configure prefetch identically on every rank")
     return findings.make(NAME, SEVERITY, odd, message)
+
+
+CHECK = Check(5, NAME, SEVERITY, ACROSS_RANKS, "ranks configured different prefetch edges",
+              check)
