@@ -66,7 +66,7 @@ def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) ->
     return RankSummary(
         findings=per_rank_findings(tables, names),
         signatures=tables.signatures,  # shared with check 7
-        config_signatures=prefetch_config_divergence.config_signatures_tables(tables),
+        config_signatures=prefetch_config_divergence.config_signatures(tables),
         unit_sets=unit_sets(tables.frame("units")),
         last=positions.last_positions(tables.events),
         ends=endings.ending_markers(tables.frame("markers")),

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from fsdptrace.checks import findings, incomplete
-from fsdptrace.checks.columns import fold
 from fsdptrace.checks.contract import PER_RANK, Check
+from fsdptrace.checks.units import began_forward_in_step, is_root, received_gradient
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -20,32 +20,17 @@ SEVERITY = findings.ERROR
 
 def check(tables: RankTables) -> pd.DataFrame:
     """Per rank and optimizer step: non-root units with gradients and no forward begin."""
-    grads, units, events = tables.gradients, tables.units, tables.events
+    grads = tables.gradients
     if not len(grads):
         return findings.empty()
-    with_grad = _flag(grads["has_grad"])
-    roots = _flag(units["is_root"]) if len(units) else np.zeros(0, dtype=bool)
-    forward = events["phase"] == tables.forward
-    grad_unit, root_unit = fold([[grads["rank"], units["rank"][roots]],
-                                 [grads["unit"], units["unit"][roots]]])
-    grad_step, ran = fold([[grads["rank"], events["rank"][forward]],
-                           [grads["step"], events["step"][forward]],
-                           [grads["unit"], events["unit"][forward]]])
-    bypassed = (with_grad & ~np.isin(grad_unit, root_unit)
-                & ~np.isin(grad_step, pd.unique(ran)))
+    rank, step, unit = grads["rank"], grads["step"], grads["unit"]
+    bypassed = (received_gradient(tables) & ~is_root(tables, rank, unit)
+                & ~began_forward_in_step(tables, rank, step, unit))
     # A forward begin or a gradient the writer lost would read as a bypass: skip such steps.
-    bypassed &= ~incomplete.in_steps(tables.incomplete, ("events", "gradients"),
-                                     grads["rank"], grads["step"])
+    bypassed &= ~incomplete.in_steps(tables.incomplete, ("events", "gradients"), rank, step)
     if not bypassed.any():
         return findings.empty()
     return _report(grads.frame(np.flatnonzero(bypassed)))
-
-
-def _flag(values: np.ndarray) -> np.ndarray:
-    """A nullable boolean column as a mask (missing counts as False)."""
-    if values.dtype == bool:
-        return values
-    return pd.Series(values).fillna(False).to_numpy(bool)
 
 
 def _report(bypassed: pd.DataFrame) -> pd.DataFrame:
@@ -66,7 +51,5 @@ def _report(bypassed: pd.DataFrame) -> pd.DataFrame:
     return findings.make(NAME, SEVERITY, grouped, message)
 
 
-# Version 2 counts only gradients produced in the step: that needs the gradients-received table
-# the recorder does not write yet; until then a gradient is what the boundary snapshot holds.
 CHECK = Check(2, NAME, SEVERITY, PER_RANK,
               "child unit bypassed, yet its parameters got gradients", check, live=True)

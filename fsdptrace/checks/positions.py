@@ -1,7 +1,7 @@
 """Orders on code columns: positions, first positions, signatures, where each rank stopped.
 
-``order.with_positions``/``first_positions`` on ``RankTables`` (the same positions, without a
-DataFrame per step), and the order signatures the cross-rank comparison starts from. Rows are
+Every call kept, in order, per pass (a unit's first and last call are masks), and the order
+signatures the cross-rank comparison starts from. Rows are
 events in (rank, seq) order; an order is the rows sharing a ``group`` id (rank, step,
 micro_step, phase).
 """
@@ -66,7 +66,7 @@ class Positions:
         return np.where(found >= 0, self.position[last][np.maximum(found, 0)], -1)
 
     def frame(self, mask: np.ndarray | None = None) -> pd.DataFrame:
-        """Positioned events as ``order.with_positions`` returns them (for findings only)."""
+        """Positioned events as a frame, names decoded (for findings and suggestions only)."""
         rows = self.rows if mask is None else self.rows[mask]
         out = self.events.frame(rows)
         out["position"] = self.position if mask is None else self.position[mask]

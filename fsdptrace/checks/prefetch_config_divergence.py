@@ -21,25 +21,11 @@ SEVERITY = findings.ERROR
 _SNAPSHOT = ["rank", "step", "micro_step"]
 
 
-def config_signatures(prefetch: pd.DataFrame) -> pd.DataFrame:
-    """One hash per recorded snapshot of a rank's edges: (rank, step, micro_step, signature)."""
-    if not len(prefetch):
-        return pd.DataFrame(columns=_SNAPSHOT + ["signature"])
-    edges = prefetch.dropna(subset=["target"])
-    text = (edges["unit"].astype(str) + "\x1f" + edges["phase"].astype(str) + "\x1f"
-            + edges["target"].astype(str) + "\x1f" + edges["target_index"].astype(str))
-    hashed = pd.Series(pd.util.hash_array(text.to_numpy()), index=edges.index)
-    sums = hashed.groupby([edges["rank"].astype("int64"), edges["step"], edges["micro_step"]]
-                          ).sum().rename("signature").reset_index()
-    snapshots = prefetch[_SNAPSHOT].drop_duplicates().assign(
-        rank=lambda f: f["rank"].astype("int64"))
-    out = snapshots.merge(sums, on=_SNAPSHOT, how="left")
-    out["signature"] = out["signature"].fillna(0).astype("uint64")
-    return out
+def config_signatures(tables: RankTables) -> pd.DataFrame:
+    """One hash per recorded snapshot of a rank's edges: (rank, step, micro_step, signature).
 
-
-def config_signatures_tables(tables: RankTables) -> pd.DataFrame:
-    """``config_signatures`` on code columns: each distinct edge's text is hashed once."""
+    Each distinct edge's text is hashed once; a snapshot sums its edges' hashes.
+    """
     prefetch = tables.prefetch
     if not len(prefetch):
         return pd.DataFrame(columns=_SNAPSHOT + ["signature"])

@@ -118,7 +118,7 @@ class RankTables:
                    incomplete=incomplete.parse(get("markers")))
 
     def orders(self, wanted: pd.DataFrame) -> pd.DataFrame:
-        """Positioned complete orders (``order.with_positions`` rows) of the ``wanted``
+        """Positioned complete orders (``Positions.frame`` rows) of the ``wanted``
         (rank, step, micro_step, phase) only: what a cross-rank check spells out."""
         from fsdptrace.checks.columns import fold
         from fsdptrace.checks.order import GROUP
