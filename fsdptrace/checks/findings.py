@@ -40,6 +40,8 @@ _DTYPES = {
     "parameters": "string",
 }
 
+# As instances: ``dtype == "string"`` also holds for pandas' NaN-valued ``str`` dtype.
+_RESOLVED = {c: pd.Series([], dtype=d).dtype for c, d in _DTYPES.items()}
 
 _EMPTY: pd.DataFrame | None = None
 
@@ -66,7 +68,8 @@ def make(check: str, severity: str, rows: pd.DataFrame, message: Iterable[str]) 
         frame[column] = rows[column] if column in rows else None
     frame["message"] = list(message)
     for column in FIGURES:
-        frame[column] = rows[column] if column in rows else None
+        if column in rows:
+            frame[column] = rows[column]
     return normalize(frame.reset_index(drop=True))
 
 
@@ -78,15 +81,22 @@ def from_records(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 def normalize(frame: pd.DataFrame) -> pd.DataFrame:
     """Cast to the declared dtypes; categoricals become plain strings."""
-    out = pd.DataFrame(index=frame.index)
+    out = {}
     for column in COLUMNS:
-        values = frame[column] if column in frame else pd.Series(None, index=frame.index)
+        if column not in frame:
+            out[column] = pd.Series(None, index=frame.index, dtype=_DTYPES[column])
+            continue
+        values = frame[column]
+        if values.dtype == _RESOLVED[column]:  # already normalized (combine's inputs)
+            out[column] = values
+            continue
         if isinstance(values.dtype, pd.CategoricalDtype):
             values = values.astype(object)
         if _DTYPES[column] == "Int64" and values.dtype == object:
             values = pd.to_numeric(values)
         out[column] = values.astype(_DTYPES[column])
-    return out
+    # One construction: inserting fifteen columns one by one costs more than the rows do.
+    return pd.DataFrame(out, index=frame.index)
 
 
 def combine(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:

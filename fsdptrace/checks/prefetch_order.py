@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 
 from fsdptrace.checks import findings
@@ -38,34 +37,27 @@ def check(tables: RankTables) -> pd.DataFrame:
         return findings.empty()
     rows = calls.events.frame(calls.rows[source[flagged]])[GROUP + ["unit"]].assign(
         position=source_position[flagged], target=tables.vocab.decode(target[flagged]),
-        target_position=target_position[flagged])
+        target_position=pd.array(target_position[flagged], dtype="Int64"))
     rows = rows.assign(rank=rows["rank"].astype("int64"), unit=rows["unit"].astype(str),
                        phase=rows["phase"].astype(str), target=rows["target"].astype(str))
-    is_missing = missing[flagged]
-    return findings.combine([_did_not_execute(rows[is_missing]), _ran_before(rows[~is_missing])])
-
-
-def _did_not_execute(rows: pd.DataFrame) -> pd.DataFrame:
-    if not len(rows):
-        return findings.empty()
-    message = (rows["unit"] + " prefetched " + rows["target"] + ", but " + rows["target"]
-               + " did not execute in " + rows["phase"] + ": the all-gather is wasted and held; "
-               + "remove " + rows["target"] + " from " + rows["unit"] + "'s " + rows["phase"]
-               + " prefetch targets")
-    return findings.make(NAME, SEVERITY, rows.assign(position=rows["position"],
-                                                     target_position=np.nan), message)
-
-
-def _ran_before(rows: pd.DataFrame) -> pd.DataFrame:
-    if not len(rows):
-        return findings.empty()
-    position = rows["position"].astype("int64").astype(str)
-    target_position = rows["target_position"].astype("int64").astype(str)
-    message = (rows["unit"] + " prefetched " + rows["target"] + " at positions " + position
-               + "->" + target_position + " in " + rows["phase"] + ": the target had already run, "
-               + "so the prefetch is useless or gathers for the next pass; prefetch the unit "
-               + "that runs after " + rows["unit"] + " instead (see fsdptrace suggest)")
+    rows.loc[missing[flagged], "target_position"] = None
+    message = _ran_before(rows).where(~missing[flagged], _did_not_execute(rows))
     return findings.make(NAME, SEVERITY, rows, message)
+
+
+def _did_not_execute(rows: pd.DataFrame) -> pd.Series:
+    return (rows["unit"] + " prefetched " + rows["target"] + ", but " + rows["target"]
+            + " did not execute in " + rows["phase"] + ": the all-gather is wasted and held; "
+            + "remove " + rows["target"] + " from " + rows["unit"] + "'s " + rows["phase"]
+            + " prefetch targets")
+
+
+def _ran_before(rows: pd.DataFrame) -> pd.Series:
+    return (rows["unit"] + " prefetched " + rows["target"] + " at positions "
+            + rows["position"].astype(str) + "->" + rows["target_position"].astype(str) + " in "
+            + rows["phase"] + ": the target had already run, so the prefetch is useless or "
+            + "gathers for the next pass; prefetch the unit that runs after " + rows["unit"]
+            + " instead (see fsdptrace suggest)")
 
 
 CHECK = Check(1, NAME, SEVERITY, PER_RANK, "prefetch target missing or out of order", check,
