@@ -19,22 +19,18 @@ import pandas as pd
 
 from fsdptrace import endings, reader
 from fsdptrace.checks import (
+    ACROSS_RANKS,
     CHECKS,
-    bypassed_unit,
+    PER_RANK,
     findings,
     incomplete,
-    order_instability,
-    pending_all_gather,
     positions,
     prefetch_config_divergence,
-    prefetch_order,
-    rank_divergence,
-    redundant_prefetch,
     resolve,
-    stalled_rank,
-    wasted_prefetch,
+    selected,
 )
-from fsdptrace.checks.order import GROUP, unit_sets
+from fsdptrace.checks.contract import Merged
+from fsdptrace.checks.order import unit_sets
 from fsdptrace.checks.tables import RankTables
 from fsdptrace.trace import TABLE_NAMES, Trace, check_meta, read_frame, to_frame
 
@@ -54,52 +50,10 @@ class RankSummary:
 
 
 def per_rank_findings(source: Trace | RankTables, names: Iterable[str]) -> pd.DataFrame:
-    """Checks 1, 2, 3, 7, 8 and 9 on the tables of one or more ranks (also the live path)."""
+    """The per-rank checks named, on the tables of one or more ranks (also the live path)."""
     tables = source if isinstance(source, RankTables) else RankTables.from_trace(source)
-    return _per_rank_findings(tables, set(names), None)
-
-
-def _per_rank_findings(tables: RankTables, names: set[str], sigs: pd.DataFrame | None
-                       ) -> pd.DataFrame:
-    out = []
-    if prefetch_order.NAME in names:
-        out.append(prefetch_order.check_tables(tables))
-    if bypassed_unit.NAME in names:
-        out.append(bypassed_unit.check_tables(tables))
-    if pending_all_gather.NAME in names and tables.sizes["pending"]:
-        out.append(_outside(tables, pending_all_gather.check(
-            tables.frame("pending"), tables.frame("allgathers")), "pending", whole_steps=True))
-    if order_instability.NAME in names:
-        out.append(order_instability.check_tables(tables, sigs))
-    # Provenance checks need the whole event frame, but only when all-gathers were recorded.
-    if tables.sizes["allgathers"]:
-        allgathers, events = tables.frame("allgathers"), tables.frame("events")
-        if wasted_prefetch.NAME in names:
-            out.append(_outside(tables, wasted_prefetch.check(allgathers, events), "allgathers"))
-        if redundant_prefetch.NAME in names:
-            out.append(_outside(tables, redundant_prefetch.check(allgathers, events),
-                                "allgathers"))
-    return findings.combine(out)
-
-
-def _outside(tables: RankTables, found: pd.DataFrame, table: str, *,
-             whole_steps: bool = False) -> pd.DataFrame:
-    """Findings outside the micro-steps (or, for boundary snapshots, optimizer steps) whose
-    ``table`` rows the writer partly lost: there a lost consume or snapshot row is no fact.
-
-    Checks 1, 2, 4 and 7 skip their gaps on the code columns (``RankTables.complete``,
-    ``bypassed_unit``); these checks build pandas frames only, so their findings are filtered.
-    """
-    ranges = tables.incomplete
-    if not len(found) or not len(ranges) or table not in set(ranges["table"]):
-        return found
-    rank, step = found["rank"].to_numpy(), found["step"].to_numpy()
-    if whole_steps:
-        lost = incomplete.in_steps(ranges, (table,), rank, step)
-    else:
-        lost = incomplete.in_micro_steps(ranges, (table,), rank, step,
-                                         found["micro_step"].to_numpy())
-    return found[~lost].reset_index(drop=True)
+    return findings.combine(check.run_per_rank(tables)
+                            for check in selected(set(names), PER_RANK))
 
 
 def map_trace(trace: Trace, names: Iterable[str]) -> RankSummary:
@@ -109,17 +63,13 @@ def map_trace(trace: Trace, names: Iterable[str]) -> RankSummary:
 
 def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) -> RankSummary:
     """``map_trace`` on code columns (a run dir's rank is read straight from Arrow)."""
-    markers = tables.frame("markers")
-    ends = endings.ending_markers(markers)
-    # Signatures are computed once, shared by check 7 and the reduce.
-    sigs = positions.signatures(tables.complete, tables.vocab.names)
     return RankSummary(
-        findings=_per_rank_findings(tables, set(names), sigs),
-        signatures=sigs,
-        config_signatures=prefetch_config_divergence.config_signatures_tables(tables),
+        findings=per_rank_findings(tables, names),
+        signatures=tables.signatures,  # shared with check 7
+        config_signatures=prefetch_config_divergence.config_signatures(tables),
         unit_sets=unit_sets(tables.frame("units")),
         last=positions.last_positions(tables.events),
-        ends=ends,
+        ends=endings.ending_markers(tables.frame("markers")),
         meta=tables.frame("meta"),
         ranks=ranks,
     )
@@ -128,30 +78,17 @@ def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) ->
 def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
                      fetch_orders: Callable[[list[int], pd.DataFrame], pd.DataFrame],
                      fetch_prefetch: Callable[[list[int]], pd.DataFrame]) -> pd.DataFrame:
-    """The reduce step: checks 4, 5 and 6 across ranks, merged with the per-rank findings."""
-    names = set(names)
+    """The reduce step: the across-ranks checks, merged with the per-rank findings."""
     cat = _concat_field
-    out = [cat(summaries, "findings")]
-    sets = cat(summaries, "unit_sets")
-    if rank_divergence.NAME in names:
-        sigs = cat(summaries, "signatures")
-        minority = rank_divergence.divergent(sigs, sets)
-        needed = sorted(set(minority["rank"]) | set(minority["reference_rank"]))
-        if needed:
-            wanted = pd.concat([minority[GROUP],
-                                minority[GROUP].assign(rank=minority["reference_rank"])])
-            out.append(rank_divergence.check(sigs, sets, fetch_orders(needed, wanted),
-                                             minority))
-    if prefetch_config_divergence.NAME in names:
-        config = cat(summaries, "config_signatures")
-        ranks = sorted(int(r) for r in config["rank"].unique()) if len(config) else []
-        if len(set(config.get("signature", []))) > 1:
-            out.append(prefetch_config_divergence.check(config, sets, fetch_prefetch(ranks)))
-    if stalled_rank.NAME in names:
-        ranks = sorted({r for s in summaries for r in s.ranks})
-        out.append(stalled_rank.check(cat(summaries, "meta"), cat(summaries, "ends"),
-                                      cat(summaries, "last"), ranks))
-    return findings.combine(out)
+    merged = Merged(signatures=cat(summaries, "signatures"),
+                    config_signatures=cat(summaries, "config_signatures"),
+                    unit_sets=cat(summaries, "unit_sets"), last=cat(summaries, "last"),
+                    ends=cat(summaries, "ends"), meta=cat(summaries, "meta"),
+                    ranks=sorted({r for s in summaries for r in s.ranks}),
+                    fetch_orders=fetch_orders, fetch_prefetch=fetch_prefetch)
+    return findings.combine([cat(summaries, "findings")]
+                            + [check.run_across_ranks(merged)
+                               for check in selected(set(names), ACROSS_RANKS)])
 
 
 def _concat_field(summaries: list[RankSummary], name: str) -> pd.DataFrame:

@@ -20,7 +20,8 @@ from typing import TextIO
 import pandas as pd
 
 from fsdptrace import schema
-from fsdptrace.checks.order import GROUP, drop_cut_off, first_positions, with_positions
+from fsdptrace.checks.order import GROUP
+from fsdptrace.checks.tables import RankTables
 from fsdptrace.trace import Trace
 
 ADD = "add"
@@ -53,8 +54,9 @@ def observed_order(trace: Trace, phase: str) -> tuple[str, ...]:
     The cut-off tail of a stalled rank is left out (it was interrupted, not run that way);
     ties go to the order seen first (lowest rank, earliest step).
     """
-    events = trace.events[trace.events["phase"] == phase]
-    positioned = first_positions(with_positions(drop_cut_off(events, trace.markers)))
+    calls = RankTables.from_trace(trace).complete
+    firsts = calls.frame(calls.first)
+    positioned = firsts[firsts["phase"] == phase]
     if not len(positioned):
         return ()
     keyed = positioned.sort_values(GROUP + ["position"]).assign(

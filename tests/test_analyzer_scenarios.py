@@ -29,7 +29,8 @@ def test_clean_runs_have_no_findings(scenario_runs: Path, name: str) -> None:
     findings = fsdptrace.analyze(scenario_runs / name)
     assert findings.empty, findings.to_string()
     assert list(findings.columns) == ["check", "severity", "rank", "step", "micro_step", "phase",
-                                      "unit", "target", "message"]
+                                      "unit", "target", "message", "position", "target_position",
+                                      "bytes", "held_ms", "call_index", "parameters"]
 
 
 def test_findings_sorted_errors_first(scenario_runs: Path) -> None:

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from fsdptrace.checks import findings, incomplete
-from fsdptrace.checks.columns import fold
+from fsdptrace.checks.contract import PER_RANK, Check
+from fsdptrace.checks.units import began_forward_in_step, is_root, received_gradient
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -17,41 +18,19 @@ NAME = "bypassed-unit"
 SEVERITY = findings.ERROR
 
 
-def check(events: pd.DataFrame, units: pd.DataFrame, gradients: pd.DataFrame) -> pd.DataFrame:
+def check(tables: RankTables) -> pd.DataFrame:
     """Per rank and optimizer step: non-root units with gradients and no forward begin."""
-    from fsdptrace.checks.tables import RankTables
-
-    return check_tables(RankTables.from_frames(events=events, units=units, gradients=gradients))
-
-
-def check_tables(tables: RankTables) -> pd.DataFrame:
-    """``check`` on code columns: the live and offline path (pandas only for findings)."""
-    grads, units, events = tables.gradients, tables.units, tables.events
+    grads = tables.gradients
     if not len(grads):
         return findings.empty()
-    with_grad = _flag(grads["has_grad"])
-    roots = _flag(units["is_root"]) if len(units) else np.zeros(0, dtype=bool)
-    forward = events["phase"] == tables.forward
-    grad_unit, root_unit = fold([[grads["rank"], units["rank"][roots]],
-                                 [grads["unit"], units["unit"][roots]]])
-    grad_step, ran = fold([[grads["rank"], events["rank"][forward]],
-                           [grads["step"], events["step"][forward]],
-                           [grads["unit"], events["unit"][forward]]])
-    bypassed = (with_grad & ~np.isin(grad_unit, root_unit)
-                & ~np.isin(grad_step, pd.unique(ran)))
+    rank, step, unit = grads["rank"], grads["step"], grads["unit"]
+    bypassed = (received_gradient(tables) & ~is_root(tables, rank, unit)
+                & ~began_forward_in_step(tables, rank, step, unit))
     # A forward begin or a gradient the writer lost would read as a bypass: skip such steps.
-    bypassed &= ~incomplete.in_steps(tables.incomplete, ("events", "gradients"),
-                                     grads["rank"], grads["step"])
+    bypassed &= ~incomplete.in_steps(tables.incomplete, ("events", "gradients"), rank, step)
     if not bypassed.any():
         return findings.empty()
     return _report(grads.frame(np.flatnonzero(bypassed)))
-
-
-def _flag(values: np.ndarray) -> np.ndarray:
-    """A nullable boolean column as a mask (missing counts as False)."""
-    if values.dtype == bool:
-        return values
-    return pd.Series(values).fillna(False).to_numpy(bool)
 
 
 def _report(bypassed: pd.DataFrame) -> pd.DataFrame:
@@ -61,11 +40,16 @@ def _report(bypassed: pd.DataFrame) -> pd.DataFrame:
     bypassed = bypassed.assign(rank=bypassed["rank"].astype("int64"),
                                unit=bypassed["unit"].astype(str))
     grouped = bypassed.groupby(["rank", "step", "unit"], sort=True).agg(
-        micro_step=("micro_step", "max"), params=("param", lambda p: ", ".join(map(str, p))),
+        micro_step=("micro_step", "max"),
+        parameters=("param", lambda p: ", ".join(map(str, p))),
     ).reset_index()
     message = (grouped["unit"] + " did not run forward in any micro-step of the step"
                + ", yet its parameters hold gradients at the optimizer boundary (" +
-               grouped["params"] + "): its weights were used without its forward, so FSDP "
+               grouped["parameters"] + "): its weights were used without its forward, so FSDP "
                + "never gathered/reduced them through the unit; call the module itself "
                + "instead of reaching into its parameters, or do not shard it separately")
     return findings.make(NAME, SEVERITY, grouped, message)
+
+
+CHECK = Check(2, NAME, SEVERITY, PER_RANK,
+              "child unit bypassed, yet its parameters got gradients", check, live=True)

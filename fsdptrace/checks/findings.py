@@ -1,4 +1,8 @@
-"""The findings table every check returns: the columns of CHECKS.md, one row per finding."""
+"""The findings table every check returns: the columns of docs/checks.md, one row per finding.
+
+Where a finding is (``LOCATION``), what it says (``message``), and the figures the message
+quotes as their own nullable columns (``FIGURES``), so scripts need not parse messages.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,13 @@ from typing import Any
 
 import pandas as pd
 
-COLUMNS = ["check", "severity", "rank", "step", "micro_step", "phase", "unit", "target", "message"]
+LOCATION = ["check", "severity", "rank", "step", "micro_step", "phase", "unit", "target"]
+# position: the index in the order the message names (check 1: the source's first call; 4, 7:
+# the first difference; 6: the last unit entered); target_position: check 1's target's last
+# call; bytes and held_ms: a wasted gather; call_index: which call of the source (1-based);
+# parameters: the parameters named, comma-separated.
+FIGURES = ["position", "target_position", "bytes", "held_ms", "call_index", "parameters"]
+COLUMNS = [*LOCATION, "message", *FIGURES]
 ERROR = "error"
 WARNING = "warning"
 SEVERITY_ORDER = {ERROR: 0, WARNING: 1}
@@ -22,8 +32,16 @@ _DTYPES = {
     "unit": "string",
     "target": "string",
     "message": "string",
+    "position": "Int64",
+    "target_position": "Int64",
+    "bytes": "Int64",
+    "held_ms": "Float64",
+    "call_index": "Int64",
+    "parameters": "string",
 }
 
+# As instances: ``dtype == "string"`` also holds for pandas' NaN-valued ``str`` dtype.
+_RESOLVED = {c: pd.Series([], dtype=d).dtype for c, d in _DTYPES.items()}
 
 _EMPTY: pd.DataFrame | None = None
 
@@ -41,13 +59,17 @@ def empty() -> pd.DataFrame:
 
 
 def make(check: str, severity: str, rows: pd.DataFrame, message: Iterable[str]) -> pd.DataFrame:
-    """Build findings from a frame holding some of the location columns, plus messages."""
+    """Build findings from a frame holding some of the location and figure columns, plus
+    messages; columns it lacks stay null."""
     frame = pd.DataFrame(index=rows.index)
     frame["check"] = check
     frame["severity"] = severity
-    for column in ("rank", "step", "micro_step", "phase", "unit", "target"):
+    for column in LOCATION[2:]:
         frame[column] = rows[column] if column in rows else None
     frame["message"] = list(message)
+    for column in FIGURES:
+        if column in rows:
+            frame[column] = rows[column]
     return normalize(frame.reset_index(drop=True))
 
 
@@ -59,13 +81,22 @@ def from_records(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 def normalize(frame: pd.DataFrame) -> pd.DataFrame:
     """Cast to the declared dtypes; categoricals become plain strings."""
-    out = pd.DataFrame(index=frame.index)
+    out = {}
     for column in COLUMNS:
-        values = frame[column] if column in frame else pd.Series(None, index=frame.index)
+        if column not in frame:
+            out[column] = pd.Series(None, index=frame.index, dtype=_DTYPES[column])
+            continue
+        values = frame[column]
+        if values.dtype == _RESOLVED[column]:  # already normalized (combine's inputs)
+            out[column] = values
+            continue
         if isinstance(values.dtype, pd.CategoricalDtype):
             values = values.astype(object)
+        if _DTYPES[column] == "Int64" and values.dtype == object:
+            values = pd.to_numeric(values)
         out[column] = values.astype(_DTYPES[column])
-    return out
+    # One construction: inserting fifteen columns one by one costs more than the rows do.
+    return pd.DataFrame(out, index=frame.index)
 
 
 def combine(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:

@@ -9,10 +9,38 @@ then ``isin``/``get_indexer`` on one array.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
 KEY_LIMIT = 1 << 62  # products of column sizes past this are re-coded densely
+# Micro-steps one optimizer step may hold in a ``step_key``; a ``progress_key`` leaves room for
+# two phases of up to 100,000 calls each inside every micro-step.
+MICRO_STEPS_PER_STEP = 1_000_000
+_CALLS_PER_PHASE = 100_000
+
+
+def step_key(step: Any, micro_step: Any) -> Any:
+    """One sortable int64 per (step, micro_step): the only encoding of that pair.
+
+    Takes numpy arrays or pandas Series (or ints) and returns the same kind.
+    """
+    return _int64(step) * MICRO_STEPS_PER_STEP + _int64(micro_step)
+
+
+def progress_key(step: Any, micro_step: Any, phase_rank: Any, position: Any) -> Any:
+    """A sortable int64 for how far a rank got: (step, micro_step, phase, position)."""
+    return ((step_key(step, micro_step) * 10 + _int64(phase_rank)) * _CALLS_PER_PHASE
+            + _int64(position))
+
+
+def _int64(values: Any) -> Any:
+    if isinstance(values, pd.Series):
+        return values.astype("int64")
+    if isinstance(values, np.ndarray):
+        return values.astype(np.int64, copy=False)
+    return int(values)
 
 
 def _categories(values: pd.Series) -> pd.Index:

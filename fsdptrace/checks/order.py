@@ -1,12 +1,13 @@
-"""Order primitives shared by the checks: positions, order signatures, first differences.
+"""Order primitives the across-ranks checks share on pandas frames: first differences,
+majorities, unit sets, how far a rank got.
 
-All vectorized: an order is never materialized as a Python list per group; it is a
+An order is never materialized as a Python list per group; it is a
 ``(rank, step, micro_step, phase, position, unit)`` frame, and comparing two orders is a merge.
+Positions themselves are computed on code columns (``checks.positions``).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from fsdptrace import schema
@@ -14,56 +15,6 @@ from fsdptrace.checks import keys
 
 GROUP = ["rank", "step", "micro_step", "phase"]
 _PHASE_RANK = {schema.FORWARD: 0, schema.BACKWARD: 1}
-
-
-def with_positions(events: pd.DataFrame) -> pd.DataFrame:
-    """Events sorted by rank and seq, with each one's ``position`` in its order."""
-    rank, seq = events["rank"].to_numpy(), events["seq"].to_numpy()
-    in_order = len(events) < 2 or bool(
-        ((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (seq[1:] > seq[:-1]))).all())
-    ordered = events if in_order else events.sort_values(["rank", "seq"], kind="stable")
-    (group,) = keys.row_keys([ordered], GROUP)
-    return ordered.assign(position=_cumcount(group))
-
-
-def _cumcount(group: np.ndarray) -> np.ndarray:
-    """Per row, how many earlier rows share its group key (groupby().cumcount(), in numpy)."""
-    order = np.argsort(group, kind="stable")
-    grouped = group[order]
-    index = np.arange(len(group), dtype=np.int64)
-    starts = np.ones(len(group), dtype=bool)
-    starts[1:] = grouped[1:] != grouped[:-1]
-    within = index - np.maximum.accumulate(np.where(starts, index, 0))
-    position = np.empty(len(group), dtype=np.int64)
-    position[order] = within
-    return position
-
-
-def first_positions(positioned: pd.DataFrame) -> pd.DataFrame:
-    """A unit's position in an order is its first: repeated calls keep their data only."""
-    (key,) = keys.row_keys([positioned], GROUP + ["unit"])
-    return positioned[~pd.Series(key).duplicated().to_numpy()]
-
-
-def stalled_ranks(markers: pd.DataFrame, ranks: pd.Series | list[int]) -> set[int]:
-    """Ranks whose recording did not end clean (``fsdptrace.endings``)."""
-    from fsdptrace.endings import clean_ranks
-
-    ranks = {int(r) for r in ranks}
-    return ranks - clean_ranks(markers, ranks)
-
-
-def drop_cut_off(events: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
-    """Drop each stalled rank's last micro-step: it was cut off, not run that way."""
-    if not len(events):
-        return events
-    stalled = stalled_ranks(markers, events["rank"].unique())
-    if not stalled:
-        return events
-    key = events["step"].astype("int64") * 1_000_000 + events["micro_step"].astype("int64")
-    last = key.groupby(events["rank"]).transform("max")
-    cut = events["rank"].isin(stalled) & (key == last)
-    return events[~cut]
 
 
 def first_difference(left: pd.DataFrame, right: pd.DataFrame, on: list[str]) -> pd.DataFrame:
@@ -116,5 +67,4 @@ def progress_key(step: pd.Series, micro_step: pd.Series, phase: pd.Series,
                  position: pd.Series) -> pd.Series:
     """A sortable number for how far a rank got (step, micro-step, phase, position)."""
     phase_rank = phase.astype(object).map(_PHASE_RANK).fillna(0).astype("int64")
-    return (step.astype("int64") * 1_000_000_000 + micro_step.astype("int64") * 1_000_000
-            + phase_rank * 100_000 + position.astype("int64"))
+    return keys.progress_key(step, micro_step, phase_rank, position)

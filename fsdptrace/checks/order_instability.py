@@ -12,6 +12,7 @@ import pandas as pd
 
 from fsdptrace import schema
 from fsdptrace.checks import findings
+from fsdptrace.checks.contract import PER_RANK, Check
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -20,20 +21,13 @@ NAME = "order-instability"
 SEVERITY = findings.WARNING
 
 
-def check(events: pd.DataFrame, markers: pd.DataFrame) -> pd.DataFrame:
-    """Each rank's forward orders against its first recorded micro-step."""
-    from fsdptrace.checks.tables import RankTables
-
-    return check_tables(RankTables.from_frames(events=events, markers=markers))
-
-
-def check_tables(tables: RankTables, sigs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``check`` on code columns: signatures decide; only changed orders are compared."""
-    from fsdptrace.checks.positions import first_differences, signatures
+def check(tables: RankTables) -> pd.DataFrame:
+    """Each rank's forward orders against its first recorded micro-step: order signatures
+    decide, and only the orders that changed are compared call by call."""
+    from fsdptrace.checks.positions import first_differences
 
     pos = tables.complete
-    if sigs is None:
-        sigs = signatures(pos, tables.vocab.names)
+    sigs = tables.signatures
     forward = sigs[sigs["phase"] == schema.FORWARD] if len(sigs) else sigs
     rows = _changed(forward) if len(forward) else forward
     if not len(rows):
@@ -44,12 +38,12 @@ def check_tables(tables: RankTables, sigs: pd.DataFrame | None = None) -> pd.Dat
         [rank, rows["ref_step"].to_numpy(), rows["ref_micro"].to_numpy()], tables.forward)
     differs = index >= 0
     rows = rows[differs].assign(rank=rank[differs].astype(np.int64), phase=schema.FORWARD,
-                                index=index[differs], unit=_names(tables, left[differs]),
+                                position=index[differs], unit=_names(tables, left[differs]),
                                 target=_names(tables, right[differs]))
     message = ("forward order differs from the rank's first recorded micro-step (step "
                + rows["ref_step"].astype(str)
                + ", micro-step " + rows["ref_micro"].astype(str) + ") at index "
-               + rows["index"].astype(str) + ": " + rows["unit"] + " instead of "
+               + rows["position"].astype(str) + ": " + rows["unit"] + " instead of "
                + rows["target"] + "; prefetch wired from one iteration's order will not "
                + "hold for the others")
     return findings.make(NAME, SEVERITY, rows, message)
@@ -75,3 +69,6 @@ def _changed(sigs: pd.DataFrame) -> pd.DataFrame:
         "micro_step": sigs["micro_step"].to_numpy()[changed],
         "ref_step": sigs["step"].to_numpy()[first[changed]],
         "ref_micro": sigs["micro_step"].to_numpy()[first[changed]]})
+
+
+CHECK = Check(7, NAME, SEVERITY, PER_RANK, "forward order changes between micro-steps", check)

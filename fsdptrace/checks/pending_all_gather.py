@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
 from fsdptrace.checks import findings
+from fsdptrace.checks.contract import PER_RANK, Check
+
+if TYPE_CHECKING:
+    from fsdptrace.checks.tables import RankTables
 
 NAME = "pending-all-gather"
 SEVERITY = findings.ERROR
 
 
-def check(pending: pd.DataFrame, allgathers: pd.DataFrame | None = None) -> pd.DataFrame:
+def check(tables: RankTables) -> pd.DataFrame:
+    """The boundary snapshots of pending all-gathers, outside steps the writer lost rows of."""
+    if not tables.sizes["pending"]:
+        return findings.empty()
+    found = pending_findings(tables.frame("pending"), tables.frame("allgathers"))
+    return tables.drop_lost(found, "pending", whole_steps=True)
+
+
+def pending_findings(pending: pd.DataFrame, allgathers: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every pending all-gather the recorder saw right before an optimizer step.
 
     With all-gather provenance recorded, each finding also says who issued the gather.
@@ -49,3 +63,9 @@ def _issued_by(rows: pd.DataFrame, allgathers: pd.DataFrame | None) -> pd.Series
                            by=["rank", "unit", "group"], direction="backward")
     by = joined.sort_values("_row")["by"].fillna("")
     return pd.Series(by.to_numpy(), index=rows.index)
+
+
+# Version 2 names the cause (prefetch edge, manual unshard(), eval forward, reshard setting)
+# and parameters left unsharded: that needs the eval-forward and settings tables to come.
+CHECK = Check(3, NAME, SEVERITY, PER_RANK, "all-gather still pending at the optimizer boundary",
+              check, live=True)

@@ -1,7 +1,7 @@
 """Orders on code columns: positions, first positions, signatures, where each rank stopped.
 
-``order.with_positions``/``first_positions`` on ``RankTables`` (the same positions, without a
-DataFrame per step), and the order signatures the cross-rank comparison starts from. Rows are
+Every call kept, in order, per pass (a unit's first and last call are masks), and the order
+signatures the cross-rank comparison starts from. Rows are
 events in (rank, seq) order; an order is the rows sharing a ``group`` id (rank, step,
 micro_step, phase).
 """
@@ -17,6 +17,7 @@ import pandas as pd
 
 from fsdptrace.checks import incomplete
 from fsdptrace.checks.columns import Columns, first_mask, fold, lookup
+from fsdptrace.checks.keys import step_key
 from fsdptrace.checks.order import GROUP
 
 if TYPE_CHECKING:
@@ -39,13 +40,33 @@ class Positions:
         return self.events[name] if self.identity else self.events[name][self.rows]
 
     @cached_property
-    def first(self) -> np.ndarray:
-        """Mask of each unit's first row in its order (a unit's position is its first)."""
+    def _call_key(self) -> np.ndarray:
         (key,) = fold([[self.group], [self.column("unit")]])
-        return first_mask(key)
+        return key
+
+    @cached_property
+    def first(self) -> np.ndarray:
+        """Mask of each unit's first call in its pass."""
+        return first_mask(self._call_key)
+
+    @cached_property
+    def last(self) -> np.ndarray:
+        """Mask of each unit's last call in its pass."""
+        return first_mask(self._call_key[::-1])[::-1]
+
+    def first_calls(self) -> np.ndarray:
+        """Indices of each unit's first call in each pass."""
+        return np.flatnonzero(self.first)
+
+    def last_call_positions(self, group: np.ndarray, unit: np.ndarray) -> np.ndarray:
+        """Position of ``unit``'s last call in pass ``group`` (pairwise), or -1 if it made none."""
+        last = np.flatnonzero(self.last)
+        have, want = fold([[self.group[last], group], [self.column("unit")[last], unit]])
+        found = lookup(have, want)
+        return np.where(found >= 0, self.position[last][np.maximum(found, 0)], -1)
 
     def frame(self, mask: np.ndarray | None = None) -> pd.DataFrame:
-        """Positioned events as ``order.with_positions`` returns them (for findings only)."""
+        """Positioned events as a frame, names decoded (for findings and suggestions only)."""
         rows = self.rows if mask is None else self.rows[mask]
         out = self.events.frame(rows)
         out["position"] = self.position if mask is None else self.position[mask]
@@ -80,7 +101,7 @@ def _complete_rows(tables: RankTables) -> np.ndarray | None:
     if not stalled and not len(tables.incomplete):
         return None
     keep = ~incomplete.in_micro_steps(tables.incomplete, ("events",), rank, step, micro)
-    key = step * 1_000_000 + micro
+    key = step_key(step, micro)
     for r in stalled:  # a handful of ranks at most
         mine = rank == r
         keep &= ~(mine & (key == key[mine].max()))

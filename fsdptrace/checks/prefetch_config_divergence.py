@@ -9,6 +9,8 @@ import pandas as pd
 
 from fsdptrace.checks import findings, keys
 from fsdptrace.checks.columns import first_mask, fold
+from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
+from fsdptrace.checks.keys import step_key
 from fsdptrace.checks.order import majority
 
 if TYPE_CHECKING:
@@ -19,25 +21,11 @@ SEVERITY = findings.ERROR
 _SNAPSHOT = ["rank", "step", "micro_step"]
 
 
-def config_signatures(prefetch: pd.DataFrame) -> pd.DataFrame:
-    """One hash per recorded snapshot of a rank's edges: (rank, step, micro_step, signature)."""
-    if not len(prefetch):
-        return pd.DataFrame(columns=_SNAPSHOT + ["signature"])
-    edges = prefetch.dropna(subset=["target"])
-    text = (edges["unit"].astype(str) + "\x1f" + edges["phase"].astype(str) + "\x1f"
-            + edges["target"].astype(str) + "\x1f" + edges["target_index"].astype(str))
-    hashed = pd.Series(pd.util.hash_array(text.to_numpy()), index=edges.index)
-    sums = hashed.groupby([edges["rank"].astype("int64"), edges["step"], edges["micro_step"]]
-                          ).sum().rename("signature").reset_index()
-    snapshots = prefetch[_SNAPSHOT].drop_duplicates().assign(
-        rank=lambda f: f["rank"].astype("int64"))
-    out = snapshots.merge(sums, on=_SNAPSHOT, how="left")
-    out["signature"] = out["signature"].fillna(0).astype("uint64")
-    return out
+def config_signatures(tables: RankTables) -> pd.DataFrame:
+    """One hash per recorded snapshot of a rank's edges: (rank, step, micro_step, signature).
 
-
-def config_signatures_tables(tables: RankTables) -> pd.DataFrame:
-    """``config_signatures`` on code columns: each distinct edge's text is hashed once."""
+    Each distinct edge's text is hashed once; a snapshot sums its edges' hashes.
+    """
     prefetch = tables.prefetch
     if not len(prefetch):
         return pd.DataFrame(columns=_SNAPSHOT + ["signature"])
@@ -79,10 +67,9 @@ def effective(signatures: pd.DataFrame) -> pd.DataFrame:
     keys = signatures[["step", "micro_step"]].drop_duplicates()
     ranks = signatures[["rank"]].drop_duplicates()
     grid = ranks.merge(keys, how="cross")
-    grid["key"] = grid["step"].astype("int64") * 1_000_000 + grid["micro_step"].astype("int64")
+    grid["key"] = step_key(grid["step"], grid["micro_step"])
     own = signatures.rename(columns={"step": "snap_step", "micro_step": "snap_micro"})
-    own = own.assign(key=own["snap_step"].astype("int64") * 1_000_000
-                     + own["snap_micro"].astype("int64"))
+    own = own.assign(key=step_key(own["snap_step"], own["snap_micro"]))
     merged = pd.merge_asof(grid.sort_values("key"), own.sort_values("key"), on="key", by="rank",
                            direction="backward")
     return merged.dropna(subset=["snap_step"]).drop(columns="key")
@@ -128,8 +115,17 @@ def _differences(odd: pd.DataFrame, lists: pd.DataFrame) -> pd.Series:
     return odd["rank"].map(lines).fillna("edges differ")
 
 
-def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, prefetch: pd.DataFrame
-          ) -> pd.DataFrame:
+def check(merged: Merged) -> pd.DataFrame:
+    """Configuration signatures compared; edges re-read only when some differ."""
+    config = merged.config_signatures
+    if len(set(config.get("signature", []))) <= 1:
+        return findings.empty()
+    ranks = sorted(int(r) for r in config["rank"].unique())
+    return compare(config, merged.unit_sets, merged.fetch_prefetch(ranks))
+
+
+def compare(signatures: pd.DataFrame, unit_sets: pd.DataFrame, prefetch: pd.DataFrame
+            ) -> pd.DataFrame:
     """Compare the snapshots ranks recorded at the same (step, micro_step)."""
     if not len(signatures):
         return findings.empty()
@@ -159,3 +155,7 @@ def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, prefetch: pd.DataFr
                + odd["reference_rank"].astype(str) + "): " + odd["diff"]
                + "; configure prefetch identically on every rank")
     return findings.make(NAME, SEVERITY, odd, message)
+
+
+CHECK = Check(5, NAME, SEVERITY, ACROSS_RANKS, "ranks configured different prefetch edges",
+              check)

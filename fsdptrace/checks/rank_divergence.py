@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fsdptrace.checks import findings, keys
+from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
 from fsdptrace.checks.order import GROUP, first_difference, majority
 
 NAME = "rank-divergence"
@@ -31,8 +32,20 @@ def divergent(signatures: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame
     return sigs[sigs["signature"] != sigs["majority"]]
 
 
-def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, orders: pd.DataFrame,
-          minority: pd.DataFrame | None = None) -> pd.DataFrame:
+def check(merged: Merged) -> pd.DataFrame:
+    """Orders compared by signature; only the minority orders and their references are
+    re-read and compared call by call."""
+    minority = divergent(merged.signatures, merged.unit_sets)
+    needed = sorted(set(minority["rank"]) | set(minority["reference_rank"]))
+    if not needed:
+        return findings.empty()
+    wanted = pd.concat([minority[GROUP], minority[GROUP].assign(rank=minority["reference_rank"])])
+    return compare(merged.signatures, merged.unit_sets, merged.fetch_orders(needed, wanted),
+                   minority)
+
+
+def compare(signatures: pd.DataFrame, unit_sets: pd.DataFrame, orders: pd.DataFrame,
+            minority: pd.DataFrame | None = None) -> pd.DataFrame:
     """``orders``: positioned events of (at least) the diverging and reference ranks.
 
     ``minority``: ``divergent(signatures, unit_sets)``, when the caller has it already.
@@ -52,6 +65,7 @@ def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, orders: pd.DataFram
         right_keys, on=["reference_rank", "step", "micro_step", "phase"])
     diff = first_difference(left, right, GROUP)
     rows = diff.merge(minority[GROUP + ["reference_rank", "num_agree", "num_ranks"]], on=GROUP)
+    rows["position"] = rows["index"]
     rows["unit"] = rows["left_unit"]
     rows["target"] = rows["right_unit"]
     message = ("rank " + rows["rank"].astype(str) + " ran " + rows["left_unit"] + " at index "
@@ -63,3 +77,6 @@ def check(signatures: pd.DataFrame, unit_sets: pd.DataFrame, orders: pd.DataFram
                + "(hang, or silently swapped parameters); make the execution order "
                + "independent of the rank")
     return findings.make(NAME, SEVERITY, rows, message)
+
+
+CHECK = Check(4, NAME, SEVERITY, ACROSS_RANKS, "ranks ran units in different orders", check)

@@ -9,30 +9,23 @@ from __future__ import annotations
 import pandas as pd
 
 from fsdptrace import endings
-from fsdptrace.checks import findings, keys
-from fsdptrace.checks.order import GROUP, progress_key
+from fsdptrace.checks import findings
+from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
+from fsdptrace.checks.order import progress_key
 
 NAME = "stalled-rank"
 SEVERITY = findings.ERROR
 
 
-def last_positions(events: pd.DataFrame) -> pd.DataFrame:
-    """Per rank, the last unit entered and its position in that (step, micro, phase) order."""
-    if not len(events):
-        return pd.DataFrame(columns=GROUP + ["unit", "position", "t_ns"])
-    last = events.loc[events.groupby("rank", observed=True)["seq"].idxmax()]
-    in_group = events[keys.isin(events, last, GROUP)]
-    sizes = in_group.groupby("rank", observed=True).size().rename("count")
-    last = last.merge(sizes, left_on="rank", right_index=True)
-    last = last.assign(rank=last["rank"].astype("int64"), phase=last["phase"].astype(str),
-                       unit=last["unit"].astype(str))
-    last["position"] = last["count"] - 1
-    return last[GROUP + ["unit", "position", "t_ns"]].reset_index(drop=True)
+def check(merged: Merged) -> pd.DataFrame:
+    """Every rank's ending (``fsdptrace.endings``) with where it stopped."""
+    return stalled_findings(merged.meta, merged.ends, merged.last, merged.ranks)
 
 
-def check(meta: pd.DataFrame, markers: pd.DataFrame, last: pd.DataFrame,
-          ranks: list[int]) -> pd.DataFrame:
-    """``ranks``: ranks with any data on disk; ``last``: ``last_positions`` of all ranks."""
+def stalled_findings(meta: pd.DataFrame, markers: pd.DataFrame, last: pd.DataFrame,
+            ranks: list[int]) -> pd.DataFrame:
+    """``ranks``: ranks with any data on disk; ``last``: ``positions.last_positions`` of all
+    ranks; ``markers``: at least their ending markers."""
     world_size = int(meta["world_size"].max()) if len(meta) else len(ranks)
     ends = endings.rank_endings(markers, ranks)[["rank", "ending", "detail"]]
     status = ends.merge(last, on="rank", how="left")
@@ -96,3 +89,8 @@ def _where(rows: pd.DataFrame) -> pd.Series:
             + ", last unit entered " + rows["unit"].astype(str) + " (position "
             + rows["position"].astype("Int64").astype(str) + ")")
     return text.where(known, "before its first recorded unit")
+
+
+# Version 2 classifies hangs by how far each rank got (done here from the last unit entered).
+CHECK = Check(6, NAME, SEVERITY, ACROSS_RANKS, "rank stopped without a clean close, or missing",
+              check)

@@ -65,6 +65,32 @@ class RankTables:
         return complete_positions(self)
 
     @cached_property
+    def signatures(self) -> pd.DataFrame:
+        """Order signatures of the complete orders: check 7's input, and the reduce's."""
+        from fsdptrace.checks.positions import signatures
+
+        return signatures(self.complete, self.vocab.names)
+
+    def drop_lost(self, found: pd.DataFrame, table: str, *, whole_steps: bool = False
+                  ) -> pd.DataFrame:
+        """Findings outside the micro-steps (or, for boundary snapshots, optimizer steps)
+        whose ``table`` rows the writer partly lost: there a lost row is no fact.
+
+        Checks that read code columns skip those gaps themselves (``complete``); checks that
+        build pandas frames filter their findings here.
+        """
+        ranges = self.incomplete
+        if not len(found) or not len(ranges) or table not in set(ranges["table"]):
+            return found
+        rank, step = found["rank"].to_numpy(), found["step"].to_numpy()
+        if whole_steps:
+            lost = incomplete.in_steps(ranges, (table,), rank, step)
+        else:
+            lost = incomplete.in_micro_steps(ranges, (table,), rank, step,
+                                             found["micro_step"].to_numpy())
+        return found[~lost].reset_index(drop=True)
+
+    @cached_property
     def forward(self) -> int:
         return self.vocab.code(schema.FORWARD)
 
@@ -92,7 +118,7 @@ class RankTables:
                    incomplete=incomplete.parse(get("markers")))
 
     def orders(self, wanted: pd.DataFrame) -> pd.DataFrame:
-        """Positioned complete orders (``order.with_positions`` rows) of the ``wanted``
+        """Positioned complete orders (``Positions.frame`` rows) of the ``wanted``
         (rank, step, micro_step, phase) only: what a cross-rank check spells out."""
         from fsdptrace.checks.columns import fold
         from fsdptrace.checks.order import GROUP

@@ -9,9 +9,15 @@ table (all-gather provenance); without it the check finds nothing.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
 from fsdptrace.checks import findings
+from fsdptrace.checks.contract import PER_RANK, Check
+
+if TYPE_CHECKING:
+    from fsdptrace.checks.tables import RankTables
 
 NAME = "wasted-prefetch"
 SEVERITY = findings.WARNING
@@ -75,7 +81,15 @@ def paired(allgathers: pd.DataFrame) -> pd.DataFrame:
     return out[out["event"] == "issue"]
 
 
-def check(allgathers: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+def check(tables: RankTables) -> pd.DataFrame:
+    """Wasted prefetches outside micro-steps the writer lost all-gather rows of."""
+    if not tables.sizes["allgathers"]:
+        return findings.empty()
+    found = wasted(tables.frame("allgathers"), tables.frame("events"))
+    return tables.drop_lost(found, "allgathers")
+
+
+def wasted(allgathers: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     """Every prefetched all-gather held past its pass or dropped, one finding per issue."""
     if not len(allgathers):
         return findings.empty()
@@ -93,7 +107,9 @@ def check(allgathers: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
 
 
 def _located(rows: pd.DataFrame) -> pd.DataFrame:
-    return rows.assign(target=rows["unit"], unit=rows["issuer_unit"])
+    return rows.assign(target=rows["unit"], unit=rows["issuer_unit"], bytes=rows["num_bytes"],
+                       held_ms=(rows["end_t_ns"] - rows["t_ns"]) / 1e6,
+                       call_index=rows["occurrence"])
 
 
 def _messages(rows: pd.DataFrame) -> pd.Series:
@@ -125,3 +141,7 @@ def issuer_text(rows: pd.DataFrame) -> pd.Series:
         else "an unknown caller"
         for k, s in zip(kind, source, strict=True)
     ).set_axis(rows.index)
+
+
+CHECK = Check(8, NAME, SEVERITY, PER_RANK,
+              "prefetched all-gather not used by its target in that pass", check)

@@ -1,0 +1,62 @@
+"""What a check is: a number and name from docs/checks.md, a severity, a scope, a function.
+
+A per-rank check reads one rank's tables (``RankTables``: the map step, and the live option
+before ``optimizer.step()``); an across-ranks check reads what the map step kept of every rank
+(``Merged``: the reduce step). Adding a check is one module exporting ``CHECK`` plus its line in
+the registry (``fsdptrace.checks.REGISTRY``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+if TYPE_CHECKING:
+    from fsdptrace.checks.tables import RankTables
+
+PER_RANK = "per-rank"
+ACROSS_RANKS = "across-ranks"
+
+
+@dataclass(frozen=True)
+class Merged:
+    """Every rank's map-step summaries, concatenated, for the across-ranks checks.
+
+    ``fetch_orders(ranks, wanted)`` re-reads the positioned orders of the ``wanted`` passes;
+    ``fetch_prefetch(ranks)`` the prefetch edges of ``ranks``: only what a finding spells out.
+    """
+
+    signatures: pd.DataFrame
+    config_signatures: pd.DataFrame
+    unit_sets: pd.DataFrame
+    last: pd.DataFrame
+    ends: pd.DataFrame
+    meta: pd.DataFrame
+    ranks: list[int]
+    fetch_orders: Callable[[list[int], pd.DataFrame], pd.DataFrame]
+    fetch_prefetch: Callable[[list[int]], pd.DataFrame]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of docs/checks.md. ``run`` takes ``RankTables`` (per-rank) or ``Merged``
+    (across-ranks) and returns a findings table (``fsdptrace.checks.findings``)."""
+
+    number: int
+    name: str
+    severity: str
+    scope: str
+    summary: str
+    run: Callable[[Any], pd.DataFrame]
+    live: bool = False  # also run before optimizer.step() when raising is enabled
+
+    def run_per_rank(self, tables: RankTables) -> pd.DataFrame:
+        assert self.scope == PER_RANK, self.name
+        return self.run(tables)
+
+    def run_across_ranks(self, merged: Merged) -> pd.DataFrame:
+        assert self.scope == ACROSS_RANKS, self.name
+        return self.run(merged)

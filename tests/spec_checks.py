@@ -1,0 +1,182 @@
+"""docs/checks.md, rules 1, 2, 4, 5 and 7, as plain pandas: the executable spec of the checks.
+
+Written for reading, not speed: one function per check, straight from the contract's words,
+taking a ``fsdptrace.Trace`` and returning the findings as a set of tuples. The property test
+(``tests/test_spec.py``) asserts that the real checks find the same on random traces.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pandas as pd
+
+from fsdptrace import endings, schema
+from fsdptrace.trace import Trace
+
+PASS = ["rank", "step", "micro_step", "phase"]
+
+
+def passes(trace: Trace) -> dict[tuple, list[str]]:
+    """Per pass (rank, step, micro_step, phase): its calls in order, every call kept.
+
+    Cut-off passes are left out: each rank whose ending is not clean loses its last
+    micro-step (the recording stops there, so it is not an order the job ran).
+    """
+    events = trace.events.astype({"phase": str, "unit": str}).sort_values(["rank", "seq"])
+    clean = endings.clean_ranks(trace.markers, trace.ranks)
+    out: dict[tuple, list[str]] = {}
+    for rank, mine in events.groupby("rank"):
+        cut_off = None if rank in clean else max(zip(mine["step"], mine["micro_step"],
+                                                     strict=True))
+        for key, calls in mine.groupby(PASS[1:], sort=False):
+            if (key[0], key[1]) != cut_off:
+                out[(int(rank), int(key[0]), int(key[1]), key[2])] = list(calls["unit"])
+    return out
+
+
+def edges_in_effect(trace: Trace, rank: int, step: int, micro_step: int
+                    ) -> dict[tuple[str, str], list[str]]:
+    """The rank's latest prefetch snapshot at or before (step, micro_step):
+    ``{(unit, phase): [targets in order]}``."""
+    edges = trace.prefetch.astype({"unit": str, "phase": str, "target": object})
+    mine = edges[edges["rank"] == rank]
+    taken = sorted({(int(s), int(m)) for s, m in zip(mine["step"], mine["micro_step"],
+                                                    strict=True) if (s, m) <= (step, micro_step)})
+    if not taken:
+        return {}
+    snapshot = mine[(mine["step"] == taken[-1][0]) & (mine["micro_step"] == taken[-1][1])]
+    snapshot = snapshot.dropna(subset=["target"]).sort_values("target_index")
+    out: dict[tuple[str, str], list[str]] = {}
+    for unit, phase, target in zip(snapshot["unit"], snapshot["phase"], snapshot["target"],
+                                   strict=True):
+        out.setdefault((unit, phase), []).append(str(target))
+    return out
+
+
+def prefetch_order(trace: Trace) -> set[tuple]:
+    """Rule 1: (rank, step, micro_step, phase, S, T, i, j); j is None when T did not execute.
+
+    T absent from the pass: did not execute. Every call of T before S's first call: out of
+    order at positions i (S's first call) -> j (T's last call). A later call of T is fine.
+    """
+    found = set()
+    for (rank, step, micro, phase), calls in passes(trace).items():
+        edges = edges_in_effect(trace, rank, step, micro)
+        for source in dict.fromkeys(calls):
+            first_source = calls.index(source)
+            for target in edges.get((source, phase), []):
+                if target not in calls:
+                    found.add((rank, step, micro, phase, source, target, first_source, None))
+                    continue
+                last_target = len(calls) - 1 - calls[::-1].index(target)
+                if last_target < first_source:
+                    found.add((rank, step, micro, phase, source, target, first_source,
+                               last_target))
+    return found
+
+
+def bypassed_unit(trace: Trace) -> set[tuple]:
+    """Rule 2 (on the data recorded today): (rank, step, unit) for a non-root unit that began
+    forward in none of the step's micro-steps, yet one of its parameters holds a gradient."""
+    roots = trace.units[trace.units["is_root"].fillna(False).astype(bool)]
+    root_units = {(int(r), str(u)) for r, u in zip(roots["rank"], roots["unit"], strict=True)}
+    forward = trace.events[trace.events["phase"].astype(str) == schema.FORWARD]
+    ran = {(int(r), int(s), str(u)) for r, s, u in zip(forward["rank"], forward["step"],
+                                                       forward["unit"], strict=True)}
+    grads = trace.gradients[trace.gradients["has_grad"].fillna(False).astype(bool)]
+    return {(int(r), int(s), str(u)) for r, s, u in zip(grads["rank"], grads["step"],
+                                                       grads["unit"], strict=True)
+            if (int(r), str(u)) not in root_units and (int(r), int(s), str(u)) not in ran}
+
+
+def unit_set(trace: Trace, rank: int) -> frozenset[str]:
+    units = trace.units
+    return frozenset(units.loc[units["rank"] == rank, "unit"].astype(str))
+
+
+def _majority(values: dict[int, object]) -> object:
+    """The most common value among ranks; ties go to the value of the lowest rank."""
+    counts = Counter(values.values())
+    best = max(counts.values())
+    return next(values[r] for r in sorted(values) if counts[values[r]] == best)
+
+
+def rank_divergence(trace: Trace) -> set[tuple]:
+    """Rule 4: (rank, step, micro_step, phase, index, its unit, the majority's unit).
+
+    Per (step, micro_step, phase) recorded on two or more ranks with the same units.
+    """
+    by_slot: dict[tuple, dict[int, tuple[str, ...]]] = {}
+    for (rank, step, micro, phase), calls in passes(trace).items():
+        by_slot.setdefault((unit_set(trace, rank), step, micro, phase), {})[rank] = tuple(calls)
+    found = set()
+    for (_, step, micro, phase), orders in by_slot.items():
+        if len(orders) < 2:
+            continue
+        reference = _majority(orders)
+        assert isinstance(reference, tuple)
+        for rank, order in orders.items():
+            if order != reference:
+                index = next(i for i in range(max(len(order), len(reference)) + 1)
+                             if _at(order, i) != _at(reference, i))
+                found.add((rank, step, micro, phase, index, _at(order, index),
+                           _at(reference, index)))
+    return found
+
+
+def _at(order: tuple[str, ...] | list[str], index: int) -> str:
+    return order[index] if index < len(order) else "<end>"
+
+
+def prefetch_config_divergence(trace: Trace) -> set[tuple]:
+    """Rule 5: (rank, step, micro_step) where a rank's edges first differ from the majority of
+    ranks with its units, once per distinct configuration of that rank.
+
+    Compared at every (step, micro_step) where some rank took a snapshot, each rank by the
+    snapshot it had in effect then.
+    """
+    prefetch = trace.prefetch
+    times = sorted({(int(s), int(m)) for s, m in zip(prefetch["step"], prefetch["micro_step"],
+                                                     strict=True)})
+    ranks = sorted({int(r) for r in prefetch["rank"]})
+    seen: set[tuple] = set()
+    found = set()
+    for step, micro in times:
+        configs: dict[frozenset, dict[int, frozenset]] = {}
+        for rank in ranks:
+            if any((int(s), int(m)) <= (step, micro) for s, m in zip(
+                    prefetch.loc[prefetch["rank"] == rank, "step"],
+                    prefetch.loc[prefetch["rank"] == rank, "micro_step"], strict=True)):
+                edges = edges_in_effect(trace, rank, step, micro)
+                config = frozenset((u, p, tuple(t)) for (u, p), t in edges.items())
+                configs.setdefault(unit_set(trace, rank), {})[rank] = config
+        for group in configs.values():
+            if len(group) < 2:
+                continue
+            reference = _majority(group)
+            for rank, config in group.items():
+                if config != reference and (rank, config) not in seen:
+                    seen.add((rank, config))
+                    found.add((rank, step, micro))
+    return found
+
+
+def order_instability(trace: Trace) -> set[tuple]:
+    """Rule 7: (rank, step, micro_step, index, its unit, the first order's unit) for a forward
+    order that differs from the rank's first recorded forward order."""
+    forward = {k: v for k, v in passes(trace).items() if k[3] == schema.FORWARD}
+    first: dict[int, list[str]] = {}
+    found = set()
+    for (rank, step, micro, _), order in sorted(forward.items()):
+        reference = first.setdefault(rank, order)
+        if order != reference:
+            index = next(i for i in range(max(len(order), len(reference)) + 1)
+                         if _at(order, i) != _at(reference, i))
+            found.add((rank, step, micro, index, _at(order, index), _at(reference, index)))
+    return found
+
+
+def as_frame(found: set[tuple], columns: list[str]) -> pd.DataFrame:
+    """For failure messages: the spec's findings as a sorted frame."""
+    return pd.DataFrame(sorted(found, key=str), columns=columns)

@@ -1,0 +1,126 @@
+"""The real checks agree with the executable spec (``tests/spec_checks.py``) on random traces.
+
+Seeded random traces (no job, no disk) with what the rules are about: units called twice in a
+pass (a reused block), swapped calls on some ranks and micro-steps, ranks of another stage,
+random prefetch snapshots (targets that did not run, ran before, or run later), units whose
+parameters hold gradients without a forward, and ranks that did not end clean.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pandas as pd
+import pytest
+
+from fsdptrace import analyze, schema
+from fsdptrace.trace import Trace
+from tests import spec_checks as spec
+from tests.trace_builder import ROOT, TraceBuilder
+
+SEEDS = range(80)
+NAMES = ["a", "b", "c", "d", "e"]
+
+
+def random_trace(seed: int) -> Trace:
+    rng = random.Random(seed)
+    world_size, steps, micro_steps = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 2)
+    names = [ROOT, *rng.sample(NAMES, rng.randint(1, 4))]
+    reused = rng.random() < 0.5 and len(names) > 2
+    b = TraceBuilder(world_size=world_size)
+    for rank in range(world_size):
+        units = list(names)
+        if len(units) > 2 and rng.random() < 0.2:  # a rank of another pipeline stage
+            units.remove(rng.choice(units[1:]))
+        base = _with_repeat(rng, units) if reused else list(units)
+        if rng.random() < 0.2:
+            base = _swapped(rng, base)
+        ghost = "ghost" if rng.random() < 0.2 else None
+        b.meta(rank)
+        for index, name in enumerate(units + ([ghost] if ghost else [])):
+            b.unit(rank, name, is_root=index == 0)
+        for step in range(steps):
+            for micro in range(micro_steps):
+                b.marker(rank, step, micro, schema.MARKER_MICRO_STEP)
+                if (step, micro) == (0, 0) or rng.random() < 0.2:
+                    b.edges(rank, step, micro, _random_edges(rng, units), units)
+                forward = _swapped(rng, base) if rng.random() < 0.15 else base
+                b.run(rank, step, micro, schema.FORWARD, forward)
+                b.run(rank, step, micro, schema.BACKWARD, [forward[0], *reversed(forward[1:])])
+            for name in units + ([ghost] if ghost and rng.random() < 0.7 else []):
+                b.gradient(rank, step, micro_steps - 1, name, f"{name}.weight",
+                           has_grad=rng.random() < 0.9)
+            b.marker(rank, step, micro_steps - 1, schema.MARKER_OPTIMIZER_STEP)
+        if rng.random() < 0.8:
+            b.marker(rank, steps, 0, schema.MARKER_CLOSE)
+    return b.build()
+
+
+def _with_repeat(rng: random.Random, units: list[str]) -> list[str]:
+    """A unit called again later in the pass (a block reused at two depths)."""
+    order = list(units)
+    index = rng.randint(1, len(order) - 1)
+    order.insert(rng.randint(index + 1, len(order)), order[index])
+    return order
+
+
+def _swapped(rng: random.Random, order: list[str]) -> list[str]:
+    order = list(order)
+    i, j = rng.sample(range(1, len(order)), 2) if len(order) > 2 else (0, 0)
+    order[i], order[j] = order[j], order[i]
+    return order
+
+
+def _random_edges(rng: random.Random, units: list[str]) -> dict[tuple[str, str], list[str]]:
+    candidates = [*units, "<untracked:Dropout>"]
+    return {(unit, phase): rng.sample(candidates, rng.randint(1, 2))
+            for unit in units for phase in schema.PHASES if rng.random() < 0.4}
+
+
+def _rows(found: pd.DataFrame, check: str, columns: list[str]) -> set[tuple]:
+    rows = found[found["check"] == check]
+    return {tuple(None if pd.isna(v) else (int(v) if isinstance(v, int | float) or
+                                           hasattr(v, "item") else v) for v in row)
+            for row in rows[columns].astype(object).itertuples(index=False, name=None)}
+
+
+CASES = {
+    "prefetch-order": (spec.prefetch_order, ["rank", "step", "micro_step", "phase", "unit",
+                                             "target", "position", "target_position"]),
+    "bypassed-unit": (spec.bypassed_unit, ["rank", "step", "unit"]),
+    "rank-divergence": (spec.rank_divergence, ["rank", "step", "micro_step", "phase",
+                                               "position", "unit", "target"]),
+    "prefetch-config-divergence": (spec.prefetch_config_divergence,
+                                   ["rank", "step", "micro_step"]),
+    "order-instability": (spec.order_instability, ["rank", "step", "micro_step", "position",
+                                                   "unit", "target"]),
+}
+
+
+@pytest.mark.parametrize("check", sorted(CASES))
+def test_checks_agree_with_the_spec(check: str) -> None:
+    rule, columns = CASES[check]
+    hits = 0
+    for seed in SEEDS:
+        trace = random_trace(seed)
+        expected = rule(trace)
+        got = _rows(analyze(trace, checks=[check]), check, columns)
+        assert got == expected, (seed, sorted(got - expected, key=str),
+                                 sorted(expected - got, key=str))
+        hits += bool(expected)
+    assert hits >= len(SEEDS) // 10, f"{check}: too few random traces exercise the rule"
+
+
+def test_random_traces_reuse_blocks_across_a_source() -> None:
+    """Rule 1's revision is exercised: some edge's target runs before and after its source."""
+    exercised = 0
+    for seed in SEEDS:
+        trace = random_trace(seed)
+        for (rank, step, micro, phase), calls in spec.passes(trace).items():
+            for (source, edge_phase), targets in spec.edges_in_effect(
+                    trace, rank, step, micro).items():
+                if edge_phase != phase or source not in calls:
+                    continue
+                first = calls.index(source)
+                exercised += any(t in calls[:first] and t in calls[first:] for t in targets)
+    assert exercised >= 5
