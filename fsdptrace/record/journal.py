@@ -2,11 +2,12 @@
 
 Each table of a rank writes into ``MAP_SHARED`` mappings of segment files (``journal_format``)
 in a private tmpfs folder (``journal_hot``: no filesystem freeze can stall a row), or in the
-run dir's journal when there is none. Storing into a mapping is a memory write, not a syscall: SIGKILL, an abort
-or a segfault right after a hook loses nothing, because the pages belong to the file. A
-syscall happens only when a segment fills and the next one is created: they start at
-``FIRST_SEGMENT_BYTES`` and double up to ``MAX_SEGMENT_BYTES``, and are ``posix_fallocate``d,
-so a full disk fails there (recording stops with one warning) instead of a SIGBUS later.
+run dir's journal when there is none. Storing into a mapping is a memory write, not a
+syscall: SIGKILL, an abort or a segfault right after a hook loses nothing, because the pages
+belong to the file. A syscall happens only when a segment fills and the next one is created:
+they start at ``FIRST_SEGMENT_BYTES`` and double up to ``MAX_SEGMENT_BYTES``, and are
+``posix_fallocate``d, so a full disk fails there (recording stops with one warning) instead
+of a SIGBUS later.
 """
 
 from __future__ import annotations
