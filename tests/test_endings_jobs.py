@@ -233,3 +233,51 @@ def test_reset_iter_state_aborts_the_open_micro_step(tmp_path: Path) -> None:
     assert _ending(run_dir, 0) == ("clean", "")
     # The aborted forward is cut off: no check reads its missing backward as a finding.
     assert not len(fsdptrace.analyze(run_dir))
+
+
+# ------------------------------------------------------------------ one hang, read three ways
+def _stalled_where(run_dir: Path) -> list[tuple]:
+    """Each stalled-rank finding without its ending: where the rank stopped and the verdict."""
+    found = fsdptrace.analyze(run_dir)
+    assert set(found["check"]) == {"stalled-rank"}, found[["check", "rank", "message"]]
+    return sorted((int(r["rank"]), int(r["step"]), int(r["micro_step"]), str(r["phase"]),
+                   str(r["unit"]), str(r["message"]).split("; stopped at ", 1)[1])
+                  for _, r in found.iterrows())
+
+
+def _wait_stalled(run_dir: Path, truth: tuple, deadline_s: float = 60.0) -> list[tuple]:
+    """Analyze the hanging job until rank 1's last event has reached the analysis."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        where = _stalled_where(run_dir)
+        if any(w[0] == 1 and w[1:5] == tuple(truth[:4]) for w in where):
+            return where
+        assert time.monotonic() < deadline, where
+        time.sleep(0.5)
+
+
+def test_one_hang_reads_the_same_while_hanging_after_sigterm_and_after_sigkill(
+        tmp_path: Path) -> None:
+    """CHECKS.md check 6: where each rank stopped and the verdict do not depend on how the
+    hang ended. FSDP2 here: rank 1 sleeps in ``layers.1``'s forward at step 2; rank 0 runs on
+    into its next collective and waits in gloo. Run twice (the hang is deterministic): read
+    while hanging, then after SIGTERM to torchrun; and after SIGKILL to every process."""
+    proc = _start(_torchrun("--out", str(tmp_path / "a"), "hang"))
+    try:
+        truth = _wait_truth(tmp_path / "a")
+        hanging = _wait_stalled(tmp_path / "a" / "run", truth)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        _kill_group(proc)
+    after_sigterm = _stalled_where(tmp_path / "a" / "run")
+
+    proc = _start(_torchrun("--out", str(tmp_path / "b"), "hang"))
+    try:
+        assert _wait_truth(tmp_path / "b") == truth
+        _wait_stalled(tmp_path / "b" / "run", truth)
+    finally:
+        _kill_group(proc)  # SIGKILL to torchrun and both ranks
+    after_sigkill = _stalled_where(tmp_path / "b" / "run")
+    assert len(hanging) == 2
+    assert hanging == after_sigterm == after_sigkill

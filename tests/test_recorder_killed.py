@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from fsdptrace import schema
+from fsdptrace import journal_hot, schema
 from fsdptrace.reader import read_rank
 from tests.jobs import kill_all, start_ranks
 
@@ -62,12 +62,21 @@ def test_recorded_steps_read_back(killed: Path) -> None:
     assert "close" not in set(read_rank(killed, "markers", 1).to_pandas()["kind"].astype(str))
 
 
-def test_hive_readers_see_only_whole_tables(killed: Path) -> None:
-    """The journal lies outside the table folders: a hive glob reads every table as it is."""
+def test_hive_readers_see_every_row_once_the_writer_finished(killed: Path) -> None:
+    """The journal lies outside the table folders, and a dead rank's writer process turns its
+    tail into Parquet: once it is done, a hive glob reads every row the reader folds in."""
+    for rank in (0, 1):
+        assert journal_hot.wait_salvaged(killed / "journal" / f"rank={rank}", 30.0)
     for table in schema.TABLES:
         ds.dataset(killed / table, format="parquet", partitioning="hive").to_table()
         assert not list((killed / table).rglob("*.seg"))
-    assert list(killed.glob("journal/rank=1/events-*.seg"))
+    assert not list(killed.glob("journal/rank=*/*.seg"))
+    hive = ds.dataset(killed / "events", format="parquet", partitioning="hive").to_table()
+    for rank in (0, 1):
+        plain = sorted(s for s, r in zip(hive.column("seq").to_pylist(),
+                                         hive.column("rank").to_pylist(), strict=True)
+                       if int(r) == rank)
+        assert plain == sorted(_events(killed, rank)["seq"]), rank
 
 
 def test_entry_is_on_disk_while_the_rank_is_blocked(killed: Path) -> None:

@@ -105,6 +105,16 @@ class FixedTable:
         self._pack(self._buf, self._pos, *row, row[0])
         self._pos += self._size
 
+    def append_event(self, seq: int, t_ns: int, step: int, micro_step: int, phase: int,
+                     unit: int) -> None:
+        """``append`` of one ``events`` row, fields passed as they are: no tuple to build and
+        unpack on the hottest path (one call per unit entry)."""
+        pos = self._pos
+        if pos + self._size > self._end and not self._roll():
+            return
+        self._pack(self._buf, self._pos, seq, t_ns, step, micro_step, phase, unit, seq)
+        self._pos += self._size
+
     def extend(self, rows: Iterable[tuple]) -> None:
         for row in rows:
             self.append(row)

@@ -27,6 +27,7 @@ from fsdptrace import schema
 from fsdptrace.errors import LifecycleError
 from fsdptrace.record import guards, hooks, snapshots
 from fsdptrace.record.backends.base import Backend, Unit
+from fsdptrace.record.journal import FixedTable
 from fsdptrace.record.steps import parse_steps
 from fsdptrace.record.writer import (
     DEFAULT_CLOSE_TIMEOUT_S,
@@ -97,8 +98,9 @@ class Recorder:
             flush_interval_s=flush_interval_s,
             on_failure=self._on_writer_failure,
         )
-        self.events = self.writer.buffer("events", {"phase": schema.PHASES,
-                                                    "unit": self.unit_names})
+        events = self.writer.buffer("events", {"phase": schema.PHASES, "unit": self.unit_names})
+        assert isinstance(events, FixedTable)  # journal_format.FIXED_TABLES
+        self.events = events
         self.markers = self.writer.buffer("markers")
         self.live_events: list[tuple] | None = [] if raise_on_violation else None
         # The last boundary snapshot's rows (schema.GRADIENTS / schema.PENDING order).
@@ -252,10 +254,11 @@ class Recorder:
     def record_unit(self, unit_index: int, phase_code: int) -> None:
         # The hot path: next_seq inlined (one call less per unit entry).
         self._seq = seq = self._seq + 1
-        row = (seq, time.monotonic_ns(), self.step, self.micro_step, phase_code, unit_index)
-        self.events.append(row)
+        t_ns = time.monotonic_ns()
+        self.events.append_event(seq, t_ns, self.step, self.micro_step, phase_code, unit_index)
         if self.live_events is not None:
-            self.live_events.append(row)
+            self.live_events.append((seq, t_ns, self.step, self.micro_step, phase_code,
+                                     unit_index))
 
     def on_part_forward(self, part: int) -> bool:
         """Called first at each part root forward; returns False for eval forwards."""
