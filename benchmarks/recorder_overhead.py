@@ -1,4 +1,4 @@
-"""What recording costs a real FSDP2 job: step time, hook latency under flushes, disk volume.
+"""What recording costs a real FSDP2 job: step time, hook latency, disk volume.
 
 Two ranks on CPU/gloo (spawned here), a stack of ``fully_shard`` units with explicit one-ahead
 forward and backward prefetch and 2 micro-steps per optimizer step. Three measurements:
@@ -6,8 +6,9 @@ forward and backward prefetch and 2 micro-steps per optimizer step. Three measur
 1. step time of each variant divided by the step time without recording, all variants taking
    turns in the same job (no recording, fsdptrace, fsdptrace with ``raise_on_violation=True``,
    ``torch.profiler.profile()`` with default settings); target for fsdptrace <= 1.02;
-2. how long a single recorder hook or boundary call takes while the writer thread flushes
-   (every hook is wrapped by this script with a timer; the package is not touched);
+2. how long a single recorder hook or boundary call takes (every hook is wrapped by this
+   script with a timer; the package is not touched). The Parquet writing runs in the
+   recorder's writer process, so it no longer competes with the hooks for the GIL;
 3. disk bytes per event and per optimizer step for 80 units x 8 micro-steps.
 
     python benchmarks/recorder_overhead.py            # about 2-3 minutes on 2 cores
@@ -133,47 +134,25 @@ def measure_step_time(cfg: Config, rank: int, tmp: Path) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- 2. hook latency
 class HookTimer:
-    """Wraps every recorder hook and boundary call with a timer; knows when the writer flushes."""
+    """Wraps every recorder hook and boundary call with a timer."""
 
     def __init__(self) -> None:
-        self.samples: dict[str, list[tuple[int, bool]]] = {}
-        self.flush_ns: list[int] = []
-        self._flushing = False
-        self._flush_starts = 0
+        self.samples: dict[str, list[int]] = {}
 
     def timed(self, kind: str, fn: Callable[..., Any],
               after: Callable[..., None] | None = None) -> Callable[..., Any]:
         samples = self.samples.setdefault(kind, [])
 
         def wrapper(*args: Any) -> Any:
-            starts, flushing = self._flush_starts, self._flushing
             t0 = time.perf_counter_ns()
             result = fn(*args)
-            elapsed = time.perf_counter_ns() - t0
-            overlapped = flushing or self._flushing or self._flush_starts != starts
-            samples.append((elapsed, overlapped))
+            samples.append(time.perf_counter_ns() - t0)
             if after is not None:
                 after(*args)
             return result
 
         wrapper.__name__ = f"timed_{getattr(fn, '__name__', kind)}"
         return wrapper
-
-    def wrap_flush(self, writer: Any) -> None:
-        """Time the writer's work per wake: turning full journal segments into Parquet."""
-        original = writer.convert_full
-
-        def flush(**kwargs: Any) -> None:
-            self._flush_starts += 1
-            self._flushing = True
-            t0 = time.perf_counter_ns()
-            try:
-                original(**kwargs)
-            finally:
-                self.flush_ns.append(time.perf_counter_ns() - t0)
-                self._flushing = False
-
-        writer.convert_full = flush
 
     def install(self, rec: Any) -> None:
         from torch.utils.hooks import RemovableHandle
@@ -202,7 +181,6 @@ class HookTimer:
             hooks[handle.id] = self.timed(kind, fn, after)
         rec.before_optimizer_step = self.timed("optimizer boundary (before_optimizer_step)",
                                                rec.before_optimizer_step)
-        self.wrap_flush(rec.writer)
 
 
 def measure_hook_latency(cfg: Config, rank: int, tmp: Path) -> dict[str, Any]:
@@ -216,8 +194,7 @@ def measure_hook_latency(cfg: Config, rank: int, tmp: Path) -> dict[str, Any]:
         timer.install(rec)
         for _ in range(cfg.latency_steps):
             train_step(model, optimizer, cfg, cfg.micro_steps, cfg.dim, generator)
-    return {"samples": timer.samples, "flush_ns": timer.flush_ns,
-            "switch_interval_ms": sys.getswitchinterval() * 1e3}
+    return {"samples": timer.samples}
 
 
 # --------------------------------------------------------------------------- 3. disk volume
@@ -296,23 +273,12 @@ def report(cfg: Config, results: dict[str, Any]) -> None:
 
     latency = results["latency"]
     rows = []
-    all_overlapped: list[int] = []
-    for kind, samples in latency["samples"].items():
-        durations = [d for d, _ in samples]
-        during = [d for d, overlapped in samples if overlapped]
-        all_overlapped += during
+    for kind, durations in latency["samples"].items():
         rows.append([kind, len(durations), percentile(durations, 50) / 1e3,
-                     percentile(durations, 99) / 1e3, max(durations) / 1e3, len(during),
-                     percentile(during, 99) / 1e3 if during else "-",
-                     max(during) / 1e3 if during else "-"])
-    flush = latency["flush_ns"]
+                     percentile(durations, 99) / 1e3, max(durations) / 1e3])
     print_table(
-        f"Single-call latency of recorder hooks, µs ({cfg.latency_steps} steps; writer flushes "
-        f"at each optimizer step: {len(flush)} flushes, median {_median(flush) / 1e6:.1f} ms, "
-        f"max {max(flush) / 1e6:.1f} ms; GIL switch interval "
-        f"{latency['switch_interval_ms']:.0f} ms)",
-        ["call", "calls", "p50", "p99", "max", "calls during a flush", "p99 during flush",
-         "max during flush"],
+        f"Single-call latency of recorder hooks, µs ({cfg.latency_steps} steps)",
+        ["call", "calls", "p50", "p99", "max"],
         rows)
 
     disk = results["disk"]

@@ -66,7 +66,7 @@ def test_close_and_exit_return_within_the_bound_and_nothing_is_lost(tmp_path: Pa
         while not (out / "ready").exists() and time.monotonic() < deadline:
             assert procs[0].poll() is None, procs[0].communicate()
             time.sleep(0.05)
-        time.sleep(0.5)  # the writer thread has mirrored the open segments by now
+        time.sleep(0.5)  # the writer process has mirrored the open segments by now
         assert _sh("fsfreeze", "-f", str(loop_ext4)).returncode == 0
         frozen_at = time.monotonic()
         (out / "go").write_text("")  # two more steps, close, exit: all while frozen

@@ -119,10 +119,6 @@ class FixedTable:
         for row in rows:
             self.append(row)
 
-    def written(self) -> tuple[int, mmap.mmap | bytearray, int]:
-        """(segment index, its mapping, bytes used): what the writer thread mirrors."""
-        return self.segments.index, self._buf, self._pos
-
     def _roll(self) -> bool:
         opened = self.segments.open_next(self._size)
         if opened is None:
@@ -179,9 +175,6 @@ class FramedTable:
         self._buf, self._end = opened
         self._pos = self.segments.offset
         return True
-
-    def written(self) -> tuple[int, mmap.mmap | bytearray, int]:
-        return self.segments.index, self._buf, self._pos
 
     def seal(self, timeout_s: float = 1.0) -> None:
         # Bounded: another thread may hold the lock while creating a segment on a frozen

@@ -47,7 +47,7 @@ def _hashes(run_dir: Path) -> dict[str, str]:
 
 
 def _wait_for_starter_parts(run_dir: Path, timeout_s: float = 20.0) -> None:
-    """The parent's own writer thread writes every table's first (empty) part soon after
+    """The parent's own writer process writes every table's first (empty) part soon after
     attach: wait for it, so only a write by the child could change the files."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
