@@ -97,6 +97,15 @@ class Trace:
 
         return bytes_held(self.allgathers)
 
+    def unsharded(self, *, peaks: bool = False) -> pd.DataFrame:
+        """The unsharded-memory ledger (``fsdptrace.unsharded``): bytes of all-gathered
+        parameters each rank holds after every issue, reshard and drop; with ``peaks=True``,
+        one row per pass with its peak, the units making it up, the floor and the excess.
+        Parameter memory as FSDP holds it, not the allocator's view."""
+        from fsdptrace import unsharded
+
+        return unsharded.peaks(self.allgathers) if peaks else unsharded.timeline(self.allgathers)
+
     def summary(self) -> dict[str, object]:
         """Counts a person wants first: ranks, steps, units, events."""
         from fsdptrace.endings import clean_ranks

@@ -7,7 +7,9 @@ into backward, or one FSDP2 silently turns into a no-op, leaves nothing behind a
 other groups, other models and the class stay untouched, and ``close`` removes them). A wrapper
 calls FSDP's method unchanged and only compares ``_all_gather_result`` before and after:
 None -> set is an ``issue``, set -> None in a wait is a ``consume``, in the end-of-backward
-paths a ``drop``; an ``unshard`` that changes nothing is a ``noop``.
+paths a ``drop``; an ``unshard`` that changes nothing is a ``noop``. ``reshard`` is wrapped too:
+a group that leaves the unsharded state there is a ``reshard`` row, the end of the memory the
+all-gather held (``fsdptrace.unsharded`` builds the ledger from issue to reshard).
 
 Who issued a gather is read from the call stack (``issuers``). Other tools wrap these
 methods too, on the class or the instance, before or after us: our wrappers call through
@@ -37,8 +39,8 @@ if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder
 
 TABLE = "allgathers"
-EVENTS = ("issue", "consume", "drop", "noop")
-ISSUE, CONSUME, DROP, NOOP = range(4)
+EVENTS = ("issue", "consume", "drop", "noop", "reshard")
+ISSUE, CONSUME, DROP, NOOP, RESHARD = range(5)
 DETAILS = ("pending", "unsharded", "skipped", "finalize_backward", "reset_iter_state")
 PENDING, UNSHARDED, SKIPPED, FINALIZE, RESET = range(5)
 
@@ -103,6 +105,7 @@ def _wrap_group(prov: Provenance, unit: int, group_index: int, group: Any
                                          DROP, FINALIZE),
         "_reset_iter_state": _wrap_clear(prov, unit, group_index, group, "_reset_iter_state",
                                          DROP, RESET),
+        "reshard": _wrap_reshard(prov, unit, group_index, group),
     })
 
 
@@ -189,6 +192,39 @@ def _wrap_clear(prov: Provenance, unit: int, group_index: int, group: Any, name:
         return out
 
     return cleared
+
+
+def _wrap_reshard(prov: Provenance, unit: int, group_index: int, group: Any
+                  ) -> Callable[..., Any]:
+    """``reshard`` recording when the group's unsharded parameters are freed.
+
+    FSDP2 calls it after every unit forward and backward; with ``reshard_after_forward=False``
+    the forward call keeps the parameters, and no row is written.
+    """
+    rec = prov.rec
+    earlier, cls = _earlier(group, "reshard"), type(group)
+
+    def reshard(*args: Any, **kwargs: Any) -> Any:
+        unsharded = group.is_unsharded
+        if earlier is not None:
+            out = earlier(*args, **kwargs)
+        elif not args and not kwargs:
+            out = cls.reshard(group)
+        else:
+            out = cls.reshard(group, *args, **kwargs)
+        if not unsharded or not rec._recording:
+            return out
+        try:
+            if not group.is_unsharded and prov.should_record():
+                phase = 1 if _graph_task_id() != -1 else 0
+                prov.rows.append((rec.next_seq(), time.monotonic_ns(), rec.step,
+                                  rec.micro_step, phase, unit, group_index, RESHARD, -1, -1,
+                                  prov.bytes_of(group), -1))
+        except Exception as error:
+            rec.disable(f"all-gather provenance failed: {type(error).__name__}: {error}")
+        return out
+
+    return reshard
 
 
 def _vocab(unit_names: list[str]) -> dict[str, Sequence[str]]:

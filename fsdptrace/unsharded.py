@@ -1,0 +1,141 @@
+"""The unsharded-memory ledger: which units hold all-gathered parameters, when, and how much.
+
+"Which FSDP unit is holding my memory?" A unit's parameters are held unsharded from the moment
+its all-gather is issued (the output buffer exists) until FSDP2 reshards the group or drops the
+gather: the ``allgathers`` table records both ends (``issue``; ``reshard`` or ``drop``) with the
+group's bytes in the dtype it is gathered in. Replaying those rows per rank gives the bytes held
+at every moment, the peak of each pass and the units that make it up.
+
+This is parameter memory as FSDP holds it, not the allocator's view: activations, gradients,
+communication buffers and fragmentation are not in it, and eval forwards are not recorded.
+
+The *floor* of a pass is what its configuration needs at least: for the unit that needs most,
+its own bytes plus the bytes it prefetched in that pass (explicit edges or FSDP2's implicit
+backward prefetch). A peak above the floor is memory held for other reasons, and the units
+held from an earlier pass say which (``reshard_after_forward=False``, a prefetch consumed a phase
+later).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+_HOLD, _FREE = "issue", ("reshard", "drop")
+_PASS = ["rank", "step", "micro_step", "phase"]
+TIMELINE_COLUMNS = ["rank", "seq", "t_ns", "step", "micro_step", "phase", "unit", "group",
+                    "event", "num_bytes", "held_bytes"]
+PEAK_COLUMNS = [*_PASS, "peak_bytes", "floor_bytes", "excess_bytes", "peak_units",
+                "held_from_earlier"]
+
+
+def timeline(allgathers: pd.DataFrame) -> pd.DataFrame:
+    """Every issue, reshard and drop, in order per rank, with the rank's bytes held after it."""
+    rows = _lifecycle(allgathers)
+    held: list[int] = []
+    for _, frame in rows.groupby("rank", sort=True):
+        state: dict[tuple, int] = {}
+        for unit, group, event, num_bytes in zip(frame["unit"], frame["group"], frame["event"],
+                                                 frame["num_bytes"], strict=True):
+            key = (unit, group)
+            if event == _HOLD:
+                state[key] = int(num_bytes)
+            else:
+                state.pop(key, None)  # a reshard of a group held before recording began
+            held.append(sum(state.values()))
+    rows = rows.sort_values(["rank", "seq"], kind="stable").reset_index(drop=True)
+    rows["held_bytes"] = pd.Series(held, dtype="int64")
+    return rows[TIMELINE_COLUMNS]
+
+
+@dataclass
+class _Holding:
+    unit: str
+    num_bytes: int
+    since: tuple  # (step, micro_step, phase) of the issue
+
+
+def peaks(allgathers: pd.DataFrame) -> pd.DataFrame:
+    """Per pass: the peak of bytes held, the units making it up, the floor and the excess.
+
+    ``held_from_earlier`` names the units at the peak whose gather was issued in an earlier
+    pass, with that pass: the usual cause of an excess.
+    """
+    rows = _lifecycle(allgathers)
+    out = []
+    for rank, frame in rows.groupby("rank", sort=True):
+        state: dict[tuple, _Holding] = {}
+        best: dict[tuple, tuple[int, list[_Holding]]] = {}
+        for row in frame.itertuples(index=False):
+            where = (int(row.step), int(row.micro_step), str(row.phase))
+            if where not in best:  # what the pass inherits counts from its start
+                best[where] = (sum(h.num_bytes for h in state.values()), list(state.values()))
+            key = (str(row.unit), int(row.group))
+            if row.event == _HOLD:
+                state[key] = _Holding(str(row.unit), int(row.num_bytes), where)
+            else:
+                state.pop(key, None)
+            total = sum(h.num_bytes for h in state.values())
+            if total > best[where][0]:
+                best[where] = (total, list(state.values()))
+        floors = _floors(allgathers[allgathers["rank"] == rank])
+        for where, (peak, holding) in best.items():
+            floor = floors.get(where, 0)
+            earlier = [h for h in holding if h.since != where]
+            out.append({
+                "rank": int(rank), "step": where[0], "micro_step": where[1], "phase": where[2],
+                "peak_bytes": peak, "floor_bytes": floor, "excess_bytes": max(0, peak - floor),
+                "peak_units": ",".join(h.unit for h in sorted(holding,
+                                                              key=lambda h: -h.num_bytes)),
+                "held_from_earlier": ",".join(
+                    f"{h.unit} (since step {h.since[0]}, micro-step {h.since[1]}, "
+                    f"{h.since[2]})" for h in earlier),
+            })
+    frame = pd.DataFrame(out, columns=PEAK_COLUMNS)
+    order = frame["phase"].map({"forward": 0, "backward": 1})
+    return (frame.assign(_order=order).sort_values(["rank", "step", "micro_step", "_order"],
+                                                    kind="stable")
+            .drop(columns="_order").reset_index(drop=True))
+
+
+def _floors(allgathers: pd.DataFrame) -> dict[tuple, int]:
+    """Per pass, the most one unit needs: its own parameters plus what it prefetched there.
+
+    Every unit with a row in the pass ran there (its gather, wait, reshard or a no-op unshard).
+    """
+    floors: dict[tuple, int] = {}
+    for where, frame in allgathers.groupby(["step", "micro_step", "phase"], observed=True,
+                                           sort=False):
+        own = frame.groupby("unit", observed=True)["num_bytes"].max()
+        prefetched = frame[(frame["event"] == _HOLD)
+                           & frame["issuer_kind"].isin(["prefetch", "implicit"])]
+        extra = prefetched.groupby("issuer_unit", observed=True)["num_bytes"].sum()
+        need = own.add(extra.reindex(own.index).fillna(0), fill_value=0)
+        key = (int(where[0]), int(where[1]), str(where[2]))
+        floors[key] = int(need.max()) if len(need) else 0
+    return floors
+
+
+def _lifecycle(allgathers: pd.DataFrame) -> pd.DataFrame:
+    if not len(allgathers):
+        return pd.DataFrame(columns=TIMELINE_COLUMNS[:-1])
+    rows = allgathers[allgathers["event"].astype(str).isin([_HOLD, *_FREE])].copy()
+    for column in ("phase", "unit", "event"):
+        rows[column] = rows[column].astype(str)
+    return rows.sort_values(["rank", "seq"], kind="stable")[TIMELINE_COLUMNS[:-1]]
+
+
+def summary_line(peak_rows: pd.DataFrame, rank: int) -> str | None:
+    """``rank R: peak unsharded X MiB (where, units) vs floor Y MiB`` for ``summary``."""
+    mine = peak_rows[peak_rows["rank"] == rank]
+    if not len(mine):
+        return None
+    top = mine.loc[mine["peak_bytes"].idxmax()]
+    return (f"rank {rank}: peak unsharded parameters {_mib(top['peak_bytes'])} at step "
+            f"{top['step']}, micro-step {top['micro_step']}, {top['phase']} "
+            f"({top['peak_units']}); floor {_mib(top['floor_bytes'])}")
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{int(num_bytes) / 2**20:.2f} MiB"

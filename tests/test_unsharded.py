@@ -1,0 +1,55 @@
+"""The unsharded-memory ledger on a real 2-rank FSDP2 job (gloo, CPU).
+
+What FSDP2 2.13 does here (recorded, then asserted): with the default ``reshard_after_forward``
+each unit's parameters are all-gathered at its forward and resharded right after it, so the
+forward holds one unit at a time; in backward the running unit is held while FSDP2's implicit
+prefetch gathers the next, so two units. With ``reshard_after_forward=False`` the forward never
+reshards: the four units pile up to 4 x 16,640 bytes and stay held into backward, where each is
+resharded after its own backward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import fsdptrace
+from tests.jobs import assert_ok, run_ranks
+
+pytestmark = pytest.mark.slow
+
+UNIT_BYTES = (64 * 64 + 64) * 4  # Linear(64, 64) in float32, gathered whole
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ledger")
+    for mode in ("default", "keep"):
+        assert_ok(run_ranks(["tests/jobs_scripts/ledger_job.py", str(out / mode), mode]))
+    return out
+
+
+def test_default_resharding_holds_one_unit_forward_and_two_backward(runs: Path) -> None:
+    peaks = fsdptrace.load(runs / "default").unsharded(peaks=True)
+    assert set(peaks["rank"]) == {0, 1} and len(peaks) == 2 * 2 * 2  # ranks x steps x phases
+    forward = peaks[peaks["phase"] == "forward"]
+    backward = peaks[peaks["phase"] == "backward"]
+    assert set(forward["peak_bytes"]) == {UNIT_BYTES}
+    assert set(backward["peak_bytes"]) == {2 * UNIT_BYTES}
+    assert (peaks["excess_bytes"] == 0).all()  # the implicit prefetch is in the floor
+    assert (peaks["held_from_earlier"] == "").all()
+
+
+def test_keeping_forward_parameters_shows_the_excess_and_its_cause(runs: Path) -> None:
+    trace = fsdptrace.load(runs / "keep")
+    peaks = trace.unsharded(peaks=True)
+    assert set(peaks["peak_bytes"]) == {4 * UNIT_BYTES}
+    assert set(peaks["floor_bytes"]) == {UNIT_BYTES}
+    assert set(peaks["excess_bytes"]) == {3 * UNIT_BYTES}
+    backward = peaks[peaks["phase"] == "backward"].iloc[0]
+    assert backward["held_from_earlier"].count("forward)") == 4  # held since the forward
+    ledger = trace.unsharded()
+    rank0 = ledger[(ledger["rank"] == 0) & (ledger["step"] == 0)]
+    assert list(rank0["held_bytes"])[:4] == [UNIT_BYTES * k for k in (1, 2, 3, 4)]
+    assert list(rank0["held_bytes"])[-1] == 0  # every gather ends in a reshard
