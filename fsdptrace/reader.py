@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from fsdptrace import journal_hot, journal_read, schema, validate
 from fsdptrace.errors import RunDirError
 from fsdptrace.journal_format import JOURNAL_DIR, RANGE_PART_NAME
+from fsdptrace.record.run_dirs import launch_dirs
 
 _PART_FILE = re.compile(r"^part-.*\.parquet$")
 
@@ -29,6 +30,12 @@ def check_run_dir(run_dir: Path) -> None:
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is not a directory (expected a fsdptrace run dir)")
     if not any(rank_dirs(run_dir, table) for table in (*schema.REQUIRED_TABLES, JOURNAL_DIR)):
+        launches = launch_dirs(run_dir)
+        if launches:
+            raise RunDirError(
+                f"{run_dir} holds {len(launches)} launches recorded with --append "
+                f"({', '.join(p.name for p in launches)}): analyze one of them, e.g. "
+                f"{launches[-1]}")
         raise RunDirError(
             f"no rank partitions under {run_dir}: is this a fsdptrace run dir? "
             "(expected meta/rank=<n>/part-*.parquet and units/rank=<n>/...)"
