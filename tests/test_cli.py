@@ -152,6 +152,26 @@ def test_suggest(scenario_runs: Path) -> None:
 
 # --- bad input ------------------------------------------------------------------------------
 
+OUTPUT_COMMANDS = [("analyze", "-o"), ("analyze", "--format", "json", "-o"), ("report", "-o"),
+                   ("export", "--chrome-trace")]
+
+
+def unwritable_outputs(tmp_path: Path) -> list[tuple[Path, str]]:
+    (tmp_path / "a-file").write_text("")
+    return [(Path("/nonexistent/x.out"), "folder /nonexistent does not exist"),
+            (tmp_path, "it is a directory"),
+            (tmp_path / "a-file" / "x.out", f"{tmp_path / 'a-file'} is not a folder")]
+
+
+@pytest.mark.parametrize("args", OUTPUT_COMMANDS, ids=lambda a: "-".join(a))
+def test_an_unwritable_output_is_refused_before_any_work(scenario_runs: Path, tmp_path: Path,
+                                                         args: tuple[str, ...]) -> None:
+    for output, fragment in unwritable_outputs(tmp_path):
+        # The run dir does not exist: refusing the output first proves no work was done.
+        result = invoke(args[0], tmp_path / "no-run", *args[1:], output)
+        assert_bad_input(result, f"cannot write {output}: {fragment}")
+        assert_bad_input(invoke(args[0], scenario_runs / "clean", *args[1:], output), fragment)
+
 RUN_DIR_COMMANDS = [("analyze", "-j", "1"), ("summary",), ("suggest",),
                     ("export", "--chrome-trace", "-")]
 
