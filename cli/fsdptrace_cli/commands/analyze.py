@@ -27,8 +27,8 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
     from fsdptrace import analyze, reader
     from fsdptrace.analysis import incomplete_ranges
     from fsdptrace.render import as_json, markdown, text
-    from fsdptrace.summary import overview
     from fsdptrace.render.output import check_writable, open_for_writing
+    from fsdptrace.summary import overview
     from fsdptrace.trace import load
 
     if output:
