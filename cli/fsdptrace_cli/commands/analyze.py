@@ -26,6 +26,7 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
     """Analyze and render; returns the exit code (shared with ``fsdptrace record``)."""
     from fsdptrace import analyze, reader
     from fsdptrace.analysis import incomplete_ranges
+    from fsdptrace.checks import resolve
     from fsdptrace.render import as_json, markdown, text
     from fsdptrace.render.output import check_writable, open_for_writing
     from fsdptrace.summary import overview
@@ -53,7 +54,8 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
             summary = overview(load(run_dir)) if num_ranks <= 64 else {}
             summary["num_findings"] = len(findings)
             as_json.render(findings, out, run_dir=str(run_dir), ranks=ranks,
-                           world_size=world_size, summary=summary)
+                           world_size=world_size, summary=summary,
+                           checks=resolve(list(checks) or None))
         elif fmt == "markdown":
             markdown.render(findings, out, **context)
         else:
