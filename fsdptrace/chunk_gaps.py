@@ -67,7 +67,7 @@ def quiet() -> None:
     _announce = False
 
 
-def gap_markers(parts: dict[str, list[Path]], rank: int, *, last_step: int
+def gap_markers(parts: dict[str, list[Path]], rank: int, *, last_step: int, t_ns: int
                 ) -> pa.Table | None:
     """``dropped_rows`` markers for the unreadable chunks among one rank's ``parts``
     (``{table: chunk files in order}``); ``None`` when every chunk is readable.
@@ -75,7 +75,8 @@ def gap_markers(parts: dict[str, list[Path]], rank: int, *, last_step: int
     Chunks whose footer cannot be read are found here (and noted); those that fail later, on
     their data, are known from ``note``. Steps are capped at ``last_step`` (the last the
     rank's markers vouch for): footers come from someone else's job, and a range is spelled
-    out step by step downstream.
+    out step by step downstream. ``t_ns``: when the markers say so (the rank's first marker,
+    so a timeline's origin stays where it was).
     """
     spans: dict[Path, tuple[int, int] | None] = {}
     bad: dict[Path, str] = {}
@@ -96,7 +97,7 @@ def gap_markers(parts: dict[str, list[Path]], rank: int, *, last_step: int
     capped = {p: (min(s[0], last_step), min(s[1], last_step)) if s else None
               for p, s in spans.items()}
     last_recorded = max((span[1] for span in capped.values() if span), default=0)
-    rows = [_gap_row(path, table, parts[table], capped, last_recorded)
+    rows = [_gap_row(path, table, parts[table], capped, last_recorded) | {"t_ns": t_ns}
             for path, table in bad.items()]
     return pa.Table.from_pylist(rows, schema=schema.TABLES["markers"].remove_metadata())
 
@@ -111,7 +112,7 @@ def _gap_row(path: Path, table: str, files: list[Path],
     detail = {"table": table, "first_step": first, "first_micro_step": 0, "last_step": last,
               "last_micro_step": _LAST_MICRO_STEP, "unreadable_chunk": path.name}
     # seq -1: before every real marker, so "how the recording ended" still reads the last one.
-    return {"seq": -1, "t_ns": 0, "step": first, "micro_step": 0,
+    return {"seq": -1, "step": first, "micro_step": 0,
             "kind": schema.MARKER_DROPPED_ROWS, "count": 0, "detail": json.dumps(detail)}
 
 

@@ -208,8 +208,10 @@ def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
         validate.check_drop_details(data, partition=partition)
         # After the check: a gap's range is not one the rank's own markers vouch for.
         last_step = int(pc.max(data.column("step")).as_py() or 0) if data.num_rows else 0
+        first_t_ns = int(pc.min(data.column("t_ns")).as_py() or 0) if data.num_rows else 0
         gaps = chunk_gaps.gap_markers(_rank_parts(run_dir, rank), rank,
-                                      last_step=last_step + validate.STEP_RANGE_MARGIN)
+                                      last_step=last_step + validate.STEP_RANGE_MARGIN,
+                                      t_ns=first_t_ns)
         if gaps is not None:
             data = pa.concat_tables([data, gaps.cast(data.schema)]).unify_dictionaries()
     return _with_rank(data, rank)
