@@ -99,3 +99,11 @@ def test_analyze_names_the_launches_of_an_appended_run_dir(tmp_path: Path) -> No
     assert result.stderr.strip() == (
         f"fsdptrace: error: {tmp_path / 'a'} holds 2 launches recorded with --append "
         f"(launch-001, launch-002): analyze one of them, e.g. {tmp_path / 'a' / 'launch-002'}")
+
+
+def test_a_run_dir_that_existed_is_kept_when_nothing_was_recorded(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    result = CliRunner().invoke(cli, ["record", "--run-dir", str(tmp_path / "mine"), "--",
+                                      sys.executable, "-c", "pass"])
+    assert result.exit_code == 0 and "nothing was recorded" in result.stderr
+    assert (tmp_path / "mine").is_dir()

@@ -62,6 +62,7 @@ def command(ctx: click.Context, run_dir: Path | None, force: bool, append: bool,
     if run_dir is None and (force or append):
         raise UsageError("--force and --append need --run-dir (the default run dir is new)")
     mode = "force" if force else "append" if append else "new"
+    existed = run_dir is not None and run_dir.exists() and not append
     run_dir = prepare_run_dir(run_dir, mode=mode).resolve()
     click.echo(f"fsdptrace: recording to {run_dir}", err=True)
     env = record_env(run_dir, steps=steps, raise_on_violation=raise_on_violation)
@@ -70,7 +71,7 @@ def command(ctx: click.Context, run_dir: Path | None, force: bool, append: bool,
     if not holds_recording(run_dir):
         # Recording is an observer: it never changes the command's own exit status.
         click.echo("fsdptrace: nothing was recorded (no FSDP2 forward ran?)", err=True)
-        if not any(run_dir.iterdir()):
+        if not existed and not any(run_dir.iterdir()):
             run_dir.rmdir()  # made for this launch; left empty it would only mislead
         ctx.exit(returncode)
     analysis_code = run_analysis(run_dir, fmt="text", output=None, checks=(), fail_on=fail_on,
