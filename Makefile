@@ -4,13 +4,28 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 RUN_DIR ?= fsdptrace_runs/demo
 
+# torch first, pinned: on a normal index `torch==2.13.0` is the multi-GB CUDA build. Where pip
+# already finds a torch wheel without any index (its configured find-links, as on machines that
+# ship the CPU wheel), that one is used; otherwise torch comes from TORCH_INDEX, PyTorch's CPU
+# wheels by default, with PyPI for its dependencies. Set TORCH_INDEX to choose another build
+# (e.g. https://download.pytorch.org/whl/cu126), or TORCH_INDEX= with LOCAL_TORCH=no for PyPI's.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+PYPI_INDEX ?= https://pypi.org/simple
+LOCAL_TORCH ?= auto
+
 .PHONY: setup demo test lint samples clean
 
 $(BIN)/fsdptrace: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch first, pinned: its CPU build is on local disk; a newer one is a multi-GB CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
+	if [ "$(LOCAL_TORCH)" = auto ] && $(BIN)/pip install --quiet --dry-run --no-index \
+			--no-deps '$(TORCH_SPEC)' >/dev/null 2>&1; then \
+		$(BIN)/pip install --quiet '$(TORCH_SPEC)'; \
+	elif [ -n "$(TORCH_INDEX)" ]; then \
+		$(BIN)/pip install --quiet --index-url $(TORCH_INDEX) --extra-index-url $(PYPI_INDEX) \
+			'$(TORCH_SPEC)'; \
+	else $(BIN)/pip install --quiet '$(TORCH_SPEC)'; fi
 	$(BIN)/pip install --quiet -e '.[test,lint]'
 	touch $@
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from fsdptrace import endings, reader
+from fsdptrace import chunk_gaps, endings, reader
 from fsdptrace.checks import (
     ACROSS_RANKS,
     CHECKS,
@@ -47,6 +47,9 @@ class RankSummary:
     ends: pd.DataFrame
     meta: pd.DataFrame
     ranks: list[int]
+    # Chunks this rank's read skipped as unreadable: a worker process hands them to its parent,
+    # which warns once for each.
+    skipped: list[chunk_gaps.SkippedChunk] = field(default_factory=list)
 
 
 def per_rank_findings(source: Trace | RankTables, names: Iterable[str]) -> pd.DataFrame:
@@ -104,11 +107,14 @@ def map_rank(run_dir: Path, rank: int, names: list[str]) -> RankSummary:
 
     Reads Arrow tables and hands their columns to the checks: no pandas copy of the events.
     """
+    skipped_before = len(chunk_gaps.noted())
     arrow = {t: reader.read_rank(run_dir, t, rank) for t in TABLE_NAMES}
     tables = RankTables.from_arrow(arrow, lambda t: to_frame(arrow[t]))
     check_meta(tables.frame("meta"), run_dir)
     present = any(arrow[t].num_rows for t in ("meta", "units", "events", "markers"))
-    return map_tables(tables, names, ranks=[rank] if present else [])
+    summary = map_tables(tables, names, ranks=[rank] if present else [])
+    summary.skipped = chunk_gaps.noted()[skipped_before:]
+    return summary
 
 
 def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None = None, *,
@@ -174,9 +180,11 @@ def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
             if progress:
                 progress(len(summaries))
         return summaries
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, initializer=chunk_gaps.quiet) as pool:
         for summary in pool.map(map_rank, [run_dir] * len(ranks), ranks, [names] * len(ranks),
                                 chunksize=max(1, len(ranks) // (jobs * 8))):
+            for chunk in summary.skipped:
+                chunk_gaps.note(chunk)
             summaries.append(summary)
             if progress:
                 progress(len(summaries))

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from fsdptrace import analysis, reader
+from fsdptrace import analysis, chunk_gaps, reader
 from fsdptrace.checks import resolve
 from fsdptrace.errors import FsdptraceError
 
@@ -66,6 +66,9 @@ def analyze_distributed(run_dir: str | os.PathLike[str], scheduler: Any,
             if progress:
                 progress(done)
         summaries = [future.result() for future in futures]
+        for summary in summaries:  # what the workers skipped is said here, once
+            for chunk in summary.skipped:
+                chunk_gaps.note(chunk)
     finally:
         if own_client:
             client.close()

@@ -21,3 +21,19 @@ class LifecycleError(FsdptraceError, RuntimeError):
     def __init__(self, message: str, findings: object = None) -> None:
         super().__init__(message)
         self.findings = findings
+
+
+class UnreadableChunkError(RunDirError):
+    """One Parquet chunk of a run dir is truncated or corrupt (the rest may still be read)."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class FsdptraceWarning(UserWarning):
+    """Base of every warning fsdptrace gives: the command line prints each as one line."""
+
+
+class SkippedChunkWarning(FsdptraceWarning):
+    """A truncated or corrupt chunk was skipped; the steps it covered count as incomplete."""

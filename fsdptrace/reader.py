@@ -13,11 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from fsdptrace import journal_hot, journal_read, schema, validate
-from fsdptrace.errors import RunDirError
+from fsdptrace import chunk_gaps, journal_hot, journal_read, schema, validate
+from fsdptrace.errors import RunDirError, UnreadableChunkError
 from fsdptrace.journal_format import JOURNAL_DIR, RANGE_PART_NAME
+from fsdptrace.record.run_dirs import launch_dirs
 
 _PART_FILE = re.compile(r"^part-.*\.parquet$")
 
@@ -29,10 +31,35 @@ def check_run_dir(run_dir: Path) -> None:
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is not a directory (expected a fsdptrace run dir)")
     if not any(rank_dirs(run_dir, table) for table in (*schema.REQUIRED_TABLES, JOURNAL_DIR)):
+        launches = launch_dirs(run_dir)
+        if launches:
+            raise RunDirError(
+                f"{run_dir} holds {len(launches)} launches recorded with --append "
+                f"({', '.join(p.name for p in launches)}): analyze one of them, e.g. "
+                f"{launches[-1]}")
         raise RunDirError(
             f"no rank partitions under {run_dir}: is this a fsdptrace run dir? "
             "(expected meta/rank=<n>/part-*.parquet and units/rank=<n>/...)"
         )
+    journal = rank_dirs(run_dir, JOURNAL_DIR).values()
+    if not any(any(p.iterdir()) for p in journal) and not _any_readable_chunk(run_dir):
+        raise RunDirError(
+            f"nothing readable left in {run_dir}: every meta and units chunk is truncated or "
+            "corrupt"
+        )
+
+
+def _any_readable_chunk(run_dir: Path) -> bool:
+    """Whether some meta or units chunk has a readable footer (the first found ends the scan)."""
+    for table in schema.REQUIRED_TABLES:
+        for partition in rank_dirs(run_dir, table).values():
+            for path in part_files(partition):
+                try:
+                    pq.ParquetFile(path)  # reads and parses the footer
+                except (pa.ArrowException, OSError):
+                    continue
+                return True
+    return False
 
 
 def rank_dirs(run_dir: Path, table: str) -> dict[int, Path]:
@@ -110,9 +137,9 @@ def read_file(path: Path, table: str) -> pa.Table:
     except pa.ArrowMemoryError:
         raise  # not the file's fault: never call it corrupt
     except (pa.ArrowException, OSError) as error:
-        raise RunDirError(
+        raise UnreadableChunkError(
             f"{path}: unreadable Parquet ({_first_line(error)}); it is truncated or corrupt - "
-            "move it aside to analyze the rest"
+            "move it aside to analyze the rest", reason=_first_line(error)
         ) from None
     metadata = parquet.schema_arrow.metadata or {}
     version = metadata.get(schema.SCHEMA_VERSION_KEY)
@@ -166,7 +193,7 @@ def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
         segments = _journal_segments(run_dir, table, rank)
         files = part_files(partition) if partition.is_dir() else []
         try:
-            parts = [read_file(path, table) for path in files]
+            parts = _read_readable(files, table, rank)
             parts += _journal_tail(segments, table, covered_ranges(files))
             break
         except (RunDirError, FileNotFoundError):
@@ -179,7 +206,34 @@ def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
         validate.check_world_size(data, highest_rank=max(highest, rank), partition=partition)
     elif table == "markers":
         validate.check_drop_details(data, partition=partition)
+        # After the check: a gap's range is not one the rank's own markers vouch for.
+        last_step = int(pc.max(data.column("step")).as_py() or 0) if data.num_rows else 0
+        first_t_ns = int(pc.min(data.column("t_ns")).as_py() or 0) if data.num_rows else 0
+        gaps = chunk_gaps.gap_markers(_rank_parts(run_dir, rank), rank,
+                                      last_step=last_step + validate.STEP_RANGE_MARGIN,
+                                      t_ns=first_t_ns)
+        if gaps is not None:
+            data = pa.concat_tables([data, gaps.cast(data.schema)]).unify_dictionaries()
     return _with_rank(data, rank)
+
+
+def _read_readable(files: list[Path], table: str, rank: int) -> list[pa.Table]:
+    """``read_file`` of each file; a truncated or corrupt one is skipped (``chunk_gaps``)."""
+    parts = []
+    for path in files:
+        try:
+            parts.append(read_file(path, table))
+        except UnreadableChunkError as error:
+            if not path.exists():
+                raise  # a compaction replaced it while we read: list again
+            chunk_gaps.note(chunk_gaps.SkippedChunk(path, table, rank, error.reason))
+    return parts
+
+
+def _rank_parts(run_dir: Path, rank: int) -> dict[str, list[Path]]:
+    """Every table's chunk files of one rank."""
+    partitions = {t: run_dir / t / schema.RANK_DIR.format(rank=rank) for t in schema.TABLES}
+    return {t: part_files(p) for t, p in partitions.items() if p.is_dir()}
 
 
 def _journal_segments(run_dir: Path, table: str, rank: int) -> dict[tuple[str, int], Path]:

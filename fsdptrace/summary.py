@@ -79,5 +79,10 @@ def incomplete_per_rank(ranges: pd.DataFrame) -> pd.DataFrame:
         label = "step " if len(steps) == 1 else "steps "
         rows.append({"rank": int(rank), "steps": label + rank_ranges(sorted(steps)),
                      "num_rows": int(mine["num_rows"].sum()),
-                     "tables": ", ".join(f"{t}: {int(n):,} rows" for t, n in by_table.items())})
+                     "tables": ", ".join(f"{t}: {_rows(n)}" for t, n in by_table.items())})
     return pd.DataFrame(rows, columns=["rank", "steps", "num_rows", "tables"])
+
+
+def _rows(num_rows: int) -> str:
+    # A skipped unreadable chunk counts no rows: how many it held is unknown.
+    return f"{int(num_rows):,} rows" if num_rows else "an unreadable chunk"

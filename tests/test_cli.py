@@ -152,6 +152,26 @@ def test_suggest(scenario_runs: Path) -> None:
 
 # --- bad input ------------------------------------------------------------------------------
 
+OUTPUT_COMMANDS = [("analyze", "-o"), ("analyze", "--format", "json", "-o"), ("report", "-o"),
+                   ("export", "--chrome-trace")]
+
+
+def unwritable_outputs(tmp_path: Path) -> list[tuple[Path, str]]:
+    (tmp_path / "a-file").write_text("")
+    return [(Path("/nonexistent/x.out"), "folder /nonexistent does not exist"),
+            (tmp_path, "it is a directory"),
+            (tmp_path / "a-file" / "x.out", f"{tmp_path / 'a-file'} is not a folder")]
+
+
+@pytest.mark.parametrize("args", OUTPUT_COMMANDS, ids=lambda a: "-".join(a))
+def test_an_unwritable_output_is_refused_before_any_work(scenario_runs: Path, tmp_path: Path,
+                                                         args: tuple[str, ...]) -> None:
+    for output, fragment in unwritable_outputs(tmp_path):
+        # The run dir does not exist: refusing the output first proves no work was done.
+        result = invoke(args[0], tmp_path / "no-run", *args[1:], output)
+        assert_bad_input(result, f"cannot write {output}: {fragment}")
+        assert_bad_input(invoke(args[0], scenario_runs / "clean", *args[1:], output), fragment)
+
 RUN_DIR_COMMANDS = [("analyze", "-j", "1"), ("summary",), ("suggest",),
                     ("export", "--chrome-trace", "-")]
 
@@ -194,7 +214,7 @@ def wrong_types(run: Path) -> str:
     return "column types do not match the events table"
 
 
-@pytest.mark.parametrize("damage", [truncated, other_version, wrong_schema, wrong_types])
+@pytest.mark.parametrize("damage", [other_version, wrong_schema, wrong_types])
 @pytest.mark.parametrize("args", RUN_DIR_COMMANDS, ids=lambda a: a[0])
 def test_damaged_file(scenario_runs: Path, tmp_path: Path, damage, args: tuple[str, ...]
                       ) -> None:
@@ -203,6 +223,18 @@ def test_damaged_file(scenario_runs: Path, tmp_path: Path, damage, args: tuple[s
     result = invoke(args[0], run, *args[1:])
     assert_bad_input(result, fragment)
     assert str(first_part(run)) in result.stderr
+
+
+@pytest.mark.parametrize("args", RUN_DIR_COMMANDS, ids=lambda a: a[0])
+def test_a_truncated_chunk_is_skipped_with_one_warning(scenario_runs: Path, tmp_path: Path,
+                                                       args: tuple[str, ...]) -> None:
+    run = copy_run(scenario_runs, tmp_path)
+    fragment = truncated(run)
+    result = invoke(args[0], run, *args[1:])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith(f"fsdptrace: warning: skipping {first_part(run)}: "
+                                    f"{fragment}")
+    assert len(result.stderr.splitlines()) == 1
 
 
 def not_a_run_dir(tmp_path: Path) -> tuple[Path, str]:

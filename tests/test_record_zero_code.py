@@ -246,8 +246,10 @@ def test_record_env_says_exactly_what_was_asked(tmp_path: Path) -> None:
     assert env["FSDPTRACE_RUN_DIR"] == str(Path("rel/run").resolve())
     assert "FSDPTRACE_STEPS" not in env and "FSDPTRACE_RAISE" not in env
     assert env["PYTHONPATH"] == str(BOOTSTRAP_DIR) and env["PATH"] == "/bin"
+    assert env["FSDPTRACE_OVERRIDES"] == "run_dir"
     env = record_env(tmp_path, steps="::2", raise_on_violation=True, base_env=env)
     assert (env["FSDPTRACE_STEPS"], env["FSDPTRACE_RAISE"]) == ("::2", "1")
+    assert env["FSDPTRACE_OVERRIDES"] == "run_dir,steps,raise_on_violation"
     assert env["PYTHONPATH"] == str(BOOTSTRAP_DIR)  # not added twice
     with pytest.raises(ValueError, match="bad steps spec"):
         record_env(tmp_path, steps="bogus")
@@ -255,9 +257,9 @@ def test_record_env_says_exactly_what_was_asked(tmp_path: Path) -> None:
 
 def test_launcher_is_light_and_agrees_with_the_recorder() -> None:
     code = (
-        "import sys, fsdptrace.record.launch as l\n"
+        "import sys, fsdptrace.record.launch as l, fsdptrace.record.run_dirs\n"
         "print([m for m in ('torch', 'pyarrow', 'pandas') if m in sys.modules], "
-        "l.default_run_dir().parent)\n"
+        "fsdptrace.record.run_dirs.DEFAULT_RUNS_ROOT)\n"
     )
     assert _python(code, dict(os.environ)) == f"[] {DEFAULT_RUNS_ROOT}"
 
@@ -286,3 +288,29 @@ def test_run_recorded_forwards_sigterm(tmp_path: Path) -> None:
 
     threading.Thread(target=terminate_when_ready, daemon=True).start()
     assert run_recorded([sys.executable, "-c", child], record_env(tmp_path)) == 7
+
+
+# --------------------------------------------------------------------- command line wins
+@pytest.mark.slow
+def test_record_options_win_over_the_scripts_attach_arguments(tmp_path: Path) -> None:
+    """scenarios.py passes run_dir= and raise_on_violation=False to attach(): `record
+    --run-dir R --raise` still records into R and stops the job, and says so once."""
+    run_dir, script_out = tmp_path / "run", tmp_path / "script-out"
+    command = [str(Path(sys.executable).parent / "fsdptrace"), "record", "--run-dir",
+               str(run_dir), "--raise", "--", str(TORCHRUN), "--standalone", "--nproc-per-node",
+               "2", str(REPO / "examples" / "scenarios.py"), "--out", str(script_out),
+               "--steps", "1", "wrong-forward-prefetch"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0
+    said = [line for line in done.stderr.splitlines() if "overrides attach(" in line]
+    assert said == [
+        "fsdptrace: `fsdptrace record --run-dir` overrides "
+        f"attach(run_dir='{script_out / 'wrong-forward-prefetch'}') in the script",
+        "fsdptrace: `fsdptrace record --raise` overrides attach(raise_on_violation=False) in "
+        "the script",
+    ]
+    assert "LifecycleError" in done.stderr and "before optimizer step 0" in done.stderr
+    assert not script_out.exists()
+    assert sorted(p.name for p in (run_dir / "meta").iterdir()) == ["rank=0", "rank=1"]
+    assert "nothing was recorded" not in done.stderr

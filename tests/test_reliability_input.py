@@ -21,6 +21,7 @@ from fsdptrace_cli.main import cli
 
 import fsdptrace
 from fsdptrace import schema
+from fsdptrace.errors import SkippedChunkWarning
 from fsdptrace.journal_format import SEGMENT_NAME
 from fsdptrace.journal_read import read_segment
 from fsdptrace.reader import covered_ranges, part_files
@@ -74,26 +75,84 @@ def _footer_only_garbage(path: Path) -> None:
     path.write_bytes(b"PAR1" + b"\x00garbage" * 50 + b"PAR1")
 
 
+SKIPPED = "fsdptrace: warning: skipping "
+
+
+def split_by_step(path: Path) -> list[Path]:
+    """Rewrite one chunk as one chunk per optimizer step (as a long run's writer leaves them),
+    in the same order; returns them."""
+    data = pq.read_table(path)
+    steps = sorted(set(data.column("step").to_pylist()))
+    path.unlink()
+    paths = []
+    for index, step in enumerate(steps):
+        piece = path.with_name(path.name.replace(".parquet", f"-{index:06d}.parquet"))
+        pq.write_table(data.filter(pa.compute.equal(data.column("step"), step)), piece)
+        paths.append(piece)
+    return paths
+
+
 @pytest.mark.parametrize("corrupt", [_empty, _truncated, _footer_only_garbage])
 @pytest.mark.parametrize("table", ["events", "meta"])
-def test_corrupt_chunk_is_bad_input_naming_the_file(
+def test_a_corrupt_chunk_is_skipped_with_one_warning(
     scenario_runs: Path, tmp_path: Path, corrupt: Callable[[Path], None], table: str
 ) -> None:
     run = copy_run(scenario_runs, tmp_path)
     path = first_part(run, table, rank=1)
     corrupt(path)
     result = analyze_cli(run)
-    assert result.exit_code == 2, result.output
-    assert str(path) in result.stderr and "truncated or corrupt" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        line for line in result.stderr.splitlines() if line.startswith(SKIPPED)]
+    assert len(result.stderr.splitlines()) == 1 and str(path) in result.stderr
+    assert "truncated or corrupt" in result.stderr
 
 
-def test_corrupt_chunk_in_parallel_map_is_bad_input(scenario_runs: Path, tmp_path: Path) -> None:
-    """The per-rank map runs in worker processes: their errors still map to exit 2."""
+def test_the_steps_of_a_skipped_chunk_are_incomplete(scenario_runs: Path,
+                                                     tmp_path: Path) -> None:
+    """Only the steps between the readable chunks around it; no check misreads the gap."""
+    run = copy_run(scenario_runs, tmp_path, "wrong-forward-prefetch")
+    pieces = split_by_step(first_part(run, "events", rank=1))
+    assert len(pieces) == 3
+    _truncated(pieces[1])
+    with pytest.warns(SkippedChunkWarning, match=pieces[1].name):
+        ranges = fsdptrace.incomplete_ranges(run)
+    assert ranges[["rank", "table", "first_step", "last_step"]].values.tolist() == [
+        [1, "events", 0, 2]]
+    result = analyze_cli(run, "--format", "json", "--check", "prefetch-order")
+    assert result.exit_code == 1 and result.stderr.startswith(SKIPPED), result.output
+    found = json.loads(result.stdout)["findings"]
+    assert {(f["rank"], f["step"]) for f in found} == {(0, 0), (0, 1), (0, 2)}
+    assert "rank 1: steps 0-2 (events: an unreadable chunk)" in CliRunner().invoke(
+        cli, ["summary", str(run)]).stdout
+    _truncated(pieces[2])  # the last chunk too: the gap runs past the last recorded step
+    with pytest.warns(SkippedChunkWarning, match=pieces[2].name):
+        ranges = fsdptrace.incomplete_ranges(run)
+    assert ranges[["first_step", "last_step"]].values.tolist() == [[0, 3]]
+
+
+def test_a_corrupt_chunk_in_parallel_map_is_said_once(scenario_runs: Path,
+                                                      tmp_path: Path) -> None:
+    """The per-rank map runs in worker processes: the parent says what they skipped, once."""
     run = copy_run(scenario_runs, tmp_path)
-    _truncated(first_part(run, "events", rank=1))
-    result = CliRunner().invoke(cli, ["analyze", str(run), "--jobs", "2"])
-    assert result.exit_code == 2 and "truncated or corrupt" in result.stderr, result.output
+    path = first_part(run, "events", rank=1)
+    _truncated(path)
+    for args in (["--jobs", "2"], ["--jobs", "2", "--format", "markdown"]):
+        result = CliRunner().invoke(cli, ["analyze", str(run), *args])
+        assert result.exit_code == 0, result.output
+        assert result.stderr.splitlines() == [line for line in result.stderr.splitlines()
+                                              if line.startswith(SKIPPED + str(path))]
+        assert len(result.stderr.splitlines()) == 1
+
+
+def test_nothing_readable_left_is_bad_input(scenario_runs: Path, tmp_path: Path) -> None:
+    run = copy_run(scenario_runs, tmp_path)
+    for path in [*run.glob("meta/*/part-*.parquet"), *run.glob("units/*/part-*.parquet")]:
+        _empty(path)
+    result = analyze_cli(run)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"fsdptrace: error: nothing readable left in {run}: every "
+                                      "meta and units chunk is truncated or corrupt")
 
 
 # ------------------------------------------------------------------ schemas and versions

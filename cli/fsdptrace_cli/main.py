@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import sys
 import traceback
+import warnings
 from typing import Any
 
 import click
 
-from fsdptrace.errors import FsdptraceError
+from fsdptrace.errors import FsdptraceError, FsdptraceWarning
 from fsdptrace.render.untrusted import printable
 from fsdptrace.version import __version__
 
@@ -38,12 +39,31 @@ def report_error(error: Exception, *, debug: bool = False) -> int:
     return EXIT_BAD_INPUT
 
 
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    """fsdptrace's own warnings as one printable line each (no source location)."""
+    if issubclass(category, FsdptraceWarning):
+        click.echo(f"fsdptrace: warning: {printable(message)}", err=True)
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
+
+
+_show_warning = warnings.showwarning
+
+
 class FsdptraceGroup(click.Group):
-    """Turns every exception but click's own into one line and exit code 2."""
+    """Turns every exception but click's own into one line and exit code 2, and each of
+    fsdptrace's warnings into one line."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        gaps = sys.modules.get("fsdptrace.chunk_gaps")  # not imported yet: nothing to forget
+        if gaps is not None:
+            gaps.reset()  # a new command says its skipped chunks again
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", FsdptraceWarning)  # the library dedupes
+                warnings.showwarning = show_warning
+                return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise  # click's own exits and usage errors keep their codes
         except Exception as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,9 @@ from fsdptrace.record.writer import DEFAULT_CLOSE_TIMEOUT_S, DEFAULT_FLUSH_INTER
 
 STEPS_ENV = "FSDPTRACE_STEPS"
 RAISE_ENV = "FSDPTRACE_RAISE"
+OVERRIDES_ENV = "FSDPTRACE_OVERRIDES"  # launch.OVERRIDES_ENV
+# The `fsdptrace record` option that settles each attach() argument named in OVERRIDES_ENV.
+_OPTION_OF = {"run_dir": "--run-dir", "steps": "--steps", "raise_on_violation": "--raise"}
 
 
 def resolve_run_dir(run_dir: str | os.PathLike[str] | None) -> Path:
@@ -29,6 +33,39 @@ def resolve_run_dir(run_dir: str | os.PathLike[str] | None) -> Path:
     # torchrun sets TORCHELASTIC_RUN_ID for all ranks alike; use it so ranks share a folder.
     stamp = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
     return Path(DEFAULT_RUNS_ROOT) / stamp
+
+
+def command_line_wins(
+    run_dir: str | os.PathLike[str] | None,
+    raise_on_violation: bool | None,
+    steps: str | None,
+    *,
+    rank: int,
+) -> tuple[str | os.PathLike[str] | None, bool | None, str | None]:
+    """The arguments attach() uses when ``fsdptrace record`` settled some of them.
+
+    An argument the command line settled (``$FSDPTRACE_OVERRIDES``) is dropped, so the
+    environment's value applies; where the script asked otherwise, rank 0 says so in one line.
+    """
+    settled = set(filter(None, os.environ.get(OVERRIDES_ENV, "").split(",")))
+    if "run_dir" in settled and run_dir is not None:
+        wanted = Path(os.environ.get(RUN_DIR_ENV, "."))
+        _say_overridden("run_dir", run_dir, Path(run_dir).resolve() != wanted.resolve(), rank)
+        run_dir = None
+    if "raise_on_violation" in settled and raise_on_violation is not None:
+        _say_overridden("raise_on_violation", raise_on_violation, not raise_on_violation, rank)
+        raise_on_violation = None
+    if "steps" in settled and steps is not None:
+        _say_overridden("steps", steps, steps != os.environ.get(STEPS_ENV), rank)
+        steps = None
+    return run_dir, raise_on_violation, steps
+
+
+def _say_overridden(name: str, value: object, differs: bool, rank: int) -> None:
+    if differs and rank == 0:
+        shown = os.fspath(value) if isinstance(value, os.PathLike) else value
+        print(f"fsdptrace: `fsdptrace record {_OPTION_OF[name]}` overrides "
+              f"attach({name}={shown!r}) in the script", file=sys.stderr, flush=True)
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -83,6 +120,8 @@ def attach(
     if not parts:
         raise FsdptraceError("attach needs at least one model part")
     rank, world_size = _rank_and_world(rank, world_size)
+    run_dir, raise_on_violation, steps = command_line_wins(
+        run_dir, raise_on_violation, steps, rank=rank)
     if raise_on_violation is None:
         raise_on_violation = os.environ.get(RAISE_ENV, "") not in ("", "0")
     if steps is None:

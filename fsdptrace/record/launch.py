@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,16 +22,11 @@ BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 RUN_DIR_ENV = "FSDPTRACE_RUN_DIR"
 STEPS_ENV = "FSDPTRACE_STEPS"
 RAISE_ENV = "FSDPTRACE_RAISE"
-
-# recorder.DEFAULT_RUNS_ROOT, which attach() also uses; not imported: recorder imports torch.
-DEFAULT_RUNS_ROOT = "fsdptrace_runs"
+# The attach() arguments the command line settles: a script's own value for them is
+# overridden (with one line saying so), so `record --raise` means what it says.
+OVERRIDES_ENV = "FSDPTRACE_OVERRIDES"
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def default_run_dir() -> Path:
-    """``./fsdptrace_runs/<timestamp>``: where a recording goes when nobody says."""
-    return Path(DEFAULT_RUNS_ROOT) / time.strftime("%Y%m%d-%H%M%S")
 
 
 def record_env(
@@ -48,16 +42,24 @@ def record_env(
     and ``FSDPTRACE_RAISE`` exactly as asked (an inherited value is dropped, so the
     recording is what the arguments say), and puts the bootstrap ``sitecustomize`` first on
     ``PYTHONPATH``. A bad ``steps`` spec raises ``ValueError`` here, before anything runs.
+
+    ``FSDPTRACE_OVERRIDES`` names the ``attach()`` arguments these settle over a script's own:
+    ``run_dir`` always (the command analyzes that directory), ``steps`` and
+    ``raise_on_violation`` when given.
     """
     parse_steps(steps)
     env = dict(os.environ if base_env is None else base_env)
     env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
     env.pop(STEPS_ENV, None)
     env.pop(RAISE_ENV, None)
+    overrides = ["run_dir"]
     if steps:
         env[STEPS_ENV] = steps
+        overrides.append("steps")
     if raise_on_violation:
         env[RAISE_ENV] = "1"
+        overrides.append("raise_on_violation")
+    env[OVERRIDES_ENV] = ",".join(overrides)
     bootstrap = str(BOOTSTRAP_DIR)
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != bootstrap]
     env["PYTHONPATH"] = os.pathsep.join([bootstrap, *rest])

@@ -1,13 +1,35 @@
-"""Findings as one JSON object, for scripts and CI."""
+"""Analysis, summary and suggestion as JSON documents, for scripts and CI.
+
+Every document opens with ``schema_version`` (of the document's shape, raised when a field
+changes meaning or goes away; new fields may appear within a version), ``fsdptrace_version``
+and ``kind``. The shapes are declared as JSON Schemas in ``fsdptrace/schemas/`` (``schema_path``)
+and described in the README.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 import pandas as pd
 
-from fsdptrace.checks.findings import COLUMNS
+from fsdptrace.checks.findings import COLUMNS, ERROR, WARNING
+from fsdptrace.version import __version__
+
+if TYPE_CHECKING:
+    from fsdptrace.suggest import Suggestion
+    from fsdptrace.trace import Trace
+
+JSON_SCHEMA_VERSION = 1
+SCHEMA_FILE = "{kind}.schema.json"
+SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+VERDICTS = ("clean", "warnings", "errors")
+
+
+def schema_path(kind: str) -> Path:
+    """The JSON Schema of one kind of document (``analysis``, ``summary``, ``suggest``)."""
+    return SCHEMAS_DIR / SCHEMA_FILE.format(kind=kind)
 
 
 def _value(value: Any) -> Any:
@@ -18,14 +40,76 @@ def _value(value: Any) -> Any:
     return value
 
 
+def _header(kind: str) -> dict[str, Any]:
+    return {"schema_version": JSON_SCHEMA_VERSION, "fsdptrace_version": __version__,
+            "kind": kind}
+
+
+def records(frame: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
+    """Rows as JSON objects: missing values become ``null``, numpy scalars plain numbers."""
+    return [{c: _value(v) for c, v in zip(columns, values, strict=True)}
+            for values in frame[columns].itertuples(index=False, name=None)]
+
+
+def verdict(findings: pd.DataFrame) -> str:
+    """``errors`` when any finding is an error, else ``warnings`` when any is one, else
+    ``clean``."""
+    severities = set(findings["severity"].dropna().astype(str))
+    return "errors" if ERROR in severities else "warnings" if WARNING in severities else "clean"
+
+
+def counts(findings: pd.DataFrame, checks: list[str]) -> dict[str, Any]:
+    """Findings per severity, and per check and severity (every check run, zeros too)."""
+    per = findings.groupby(["check", "severity"], observed=True).size()
+    by_check = {name: {s: int(per.get((name, s), 0)) for s in (ERROR, WARNING)}
+                for name in [*checks, *sorted(set(findings["check"].astype(str)) - set(checks))]}
+    by_severity = {s: int((findings["severity"] == s).sum()) for s in (ERROR, WARNING)}
+    return {"total": len(findings), "by_severity": by_severity, "by_check": by_check}
+
+
 def document(findings: pd.DataFrame, *, run_dir: str, ranks: list[int], world_size: int,
-             summary: dict[str, Any]) -> dict[str, Any]:
-    rows = [{c: _value(v) for c, v in zip(COLUMNS, values, strict=True)}
-            for values in findings[COLUMNS].itertuples(index=False, name=None)]
-    return {"run_dir": run_dir, "ranks": ranks, "world_size": world_size, "findings": rows,
-            "summary": summary}
+             summary: dict[str, Any], checks: list[str] | None = None) -> dict[str, Any]:
+    """``fsdptrace analyze --format json``: verdict, counts, every finding with its figures.
+
+    ``checks``: the checks that ran (default: all of them).
+    """
+    if checks is None:
+        from fsdptrace.checks import CHECKS
+
+        checks = list(CHECKS)
+    return {**_header("analysis"), "run_dir": run_dir, "ranks": ranks, "world_size": world_size,
+            "verdict": verdict(findings), "checks": checks, "counts": counts(findings, checks),
+            "findings": records(findings, COLUMNS), "summary": summary}
+
+
+def summary_document(trace: Trace, *, run_dir: str) -> dict[str, Any]:
+    """``fsdptrace summary --format json``: the run in numbers, then one object per rank."""
+    from fsdptrace.allgather_summary import overview_line
+    from fsdptrace.summary import overview, per_rank
+
+    table = per_rank(trace)
+    return {**_header("summary"), "run_dir": run_dir, **overview(trace),
+            "all_gathers": overview_line(trace.allgathers),
+            "per_rank": records(table, list(table.columns))}
+
+
+def suggest_document(suggestion: Suggestion, *, run_dir: str, model: str = "model"
+                     ) -> dict[str, Any]:
+    """``fsdptrace suggest --format json``: observed orders, the calls, the edge diff."""
+    from fsdptrace.suggest import prefetch_calls
+
+    diff = suggestion.diff
+    return {**_header("suggest"), "run_dir": run_dir,
+            "forward_order": list(suggestion.forward_order),
+            "backward_order": list(suggestion.backward_order),
+            "calls": prefetch_calls(suggestion, model=model) if len(diff) else [],
+            "edges": records(diff, ["phase", "unit", "target", "action"])}
 
 
 def render(findings: pd.DataFrame, out: TextIO, **context: Any) -> None:
-    json.dump(document(findings, **context), out, indent=2)
+    dump(document(findings, **context), out)
+
+
+def dump(doc: dict[str, Any], out: TextIO) -> None:
+    json.dump(doc, out, indent=2)
     out.write("\n")

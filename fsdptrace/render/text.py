@@ -45,8 +45,10 @@ def dropped_lines(incomplete: pd.DataFrame) -> list[str]:
     """One line per rank whose writer dropped rows: an OK verdict does not cover those steps."""
     from fsdptrace.summary import incomplete_per_rank
 
-    return [f"rank {row.rank} dropped {row.num_rows:,} rows in {row.steps}: those micro-steps "
-            "were not checked" for row in incomplete_per_rank(incomplete).itertuples()]
+    lost = {True: "dropped {n:,} rows", False: "could not read a chunk"}
+    return [f"rank {row.rank} {lost[row.num_rows > 0].format(n=row.num_rows)} in {row.steps}: "
+            "those micro-steps were not checked"
+            for row in incomplete_per_rank(incomplete).itertuples()]
 
 
 def render(findings: pd.DataFrame, out: TextIO, *, run_dir: str, num_ranks: int,

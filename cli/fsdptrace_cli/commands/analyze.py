@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TextIO
 
 import click
 
@@ -27,10 +26,14 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
     """Analyze and render; returns the exit code (shared with ``fsdptrace record``)."""
     from fsdptrace import analyze, reader
     from fsdptrace.analysis import incomplete_ranges
+    from fsdptrace.checks import resolve
     from fsdptrace.render import as_json, markdown, text
+    from fsdptrace.render.output import check_writable, open_for_writing
     from fsdptrace.summary import overview
     from fsdptrace.trace import load
 
+    if output:
+        check_writable(output)
     reader.check_run_dir(run_dir)
     num_ranks = len(reader.discover_ranks(run_dir))
     with rank_progress(num_ranks, "analyzing ranks") as advance:
@@ -45,13 +48,14 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
     meta = load(run_dir, ranks=ranks[:1] or None)
     world_size = meta.world_size if len(meta.meta) else len(ranks)
     context = {"run_dir": str(run_dir), "num_ranks": len(ranks), "world_size": world_size}
-    out = _open(output) if output else sys.stdout
+    out = open_for_writing(output) if output else sys.stdout
     try:
         if fmt == "json":
             summary = overview(load(run_dir)) if num_ranks <= 64 else {}
             summary["num_findings"] = len(findings)
             as_json.render(findings, out, run_dir=str(run_dir), ranks=ranks,
-                           world_size=world_size, summary=summary)
+                           world_size=world_size, summary=summary,
+                           checks=resolve(list(checks) or None))
         elif fmt == "markdown":
             markdown.render(findings, out, **context)
         else:
@@ -62,20 +66,11 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[
     return exit_code(findings, fail_on)
 
 
-def _open(output: Path) -> TextIO:
-    from fsdptrace.errors import UsageError
-
-    try:
-        return open(output, "w", encoding="utf-8")  # noqa: SIM115
-    except OSError as error:
-        raise UsageError(f"cannot write {output}: {error.strerror}") from None
-
-
 @click.command("analyze")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
               help="Report format.")
-@click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--output", "-o", type=click.Path(path_type=Path),
               help="Write the report to FILE instead of stdout.")
 @click.option("--check", "checks", multiple=True, metavar="NAME",
               help="Run only this check (repeatable), e.g. --check prefetch-order.")

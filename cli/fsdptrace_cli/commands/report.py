@@ -15,8 +15,10 @@ def write_report(run_dir: Path, *, output: Path, max_steps: int, jobs: int) -> N
     """Analyze RUN_DIR and write the HTML report; the page is rendered by the library."""
     from fsdptrace import analyze, reader
     from fsdptrace.render import html_report
+    from fsdptrace.render.output import check_writable, write_text
     from fsdptrace.trace import load
 
+    check_writable(output)
     reader.check_run_dir(run_dir)
     num_ranks = len(reader.discover_ranks(run_dir))
     with rank_progress(num_ranks, "analyzing ranks") as advance:
@@ -25,7 +27,7 @@ def write_report(run_dir: Path, *, output: Path, max_steps: int, jobs: int) -> N
     # Render fully before touching the output, so a failure never leaves half a page behind.
     page = io.StringIO()
     html_report.render(trace, findings, page, run_dir=str(run_dir), max_steps=max_steps)
-    output.write_text(page.getvalue(), encoding="utf-8")
+    write_text(output, page.getvalue())
 
 
 @click.command("report")
@@ -33,7 +35,7 @@ def write_report(run_dir: Path, *, output: Path, max_steps: int, jobs: int) -> N
 @click.option(
     "--output",
     "-o",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(path_type=Path),
     default=Path("report.html"),
     show_default=True,
     help="Write the HTML page here.",

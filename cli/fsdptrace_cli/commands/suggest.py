@@ -12,7 +12,9 @@ import click
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--model", default="model", show_default=True, metavar="NAME",
               help="Variable name of the model in the printed calls.")
-def command(run_dir: Path, model: str) -> None:
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="Output format (json: see the README for its shape).")
+def command(run_dir: Path, model: str, fmt: str) -> None:
     """Print the FSDP2 prefetch calls that match the order units ran in (each unit
     prefetches the next one of its phase), and what to add, remove or keep against the
     edges configured now.
@@ -20,9 +22,15 @@ def command(run_dir: Path, model: str) -> None:
     \b
     Example:
       fsdptrace suggest runs/a
-      fsdptrace suggest runs/a --model self.model
+      fsdptrace suggest runs/a --model self.model --format json
     """
+    from fsdptrace.render import as_json
     from fsdptrace.suggest import suggest, write_suggestion
     from fsdptrace.trace import load
 
-    write_suggestion(suggest(load(run_dir)), sys.stdout, model=model)
+    suggestion = suggest(load(run_dir))
+    if fmt == "json":
+        doc = as_json.suggest_document(suggestion, run_dir=str(run_dir), model=model)
+        as_json.dump(doc, sys.stdout)
+    else:
+        write_suggestion(suggestion, sys.stdout, model=model)

@@ -1,0 +1,89 @@
+"""``--format json`` of analyze, summary and suggest: real output against the JSON Schemas the
+package ships, and the fields CI scripts read (verdict, counts, every finding's figures)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from fsdptrace_cli.main import cli
+
+from fsdptrace.checks import CHECKS
+from fsdptrace.checks.findings import COLUMNS
+from fsdptrace.render import as_json
+from fsdptrace.version import __version__
+
+jsonschema = pytest.importorskip("jsonschema")
+
+
+def run_json(*args: str | Path, code: int = 0) -> dict[str, Any]:
+    result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return json.loads(result.stdout)
+
+
+def assert_valid(doc: dict[str, Any], kind: str) -> None:
+    schema = json.loads(as_json.schema_path(kind).read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(doc, schema)
+    assert (doc["schema_version"], doc["fsdptrace_version"], doc["kind"]) == (
+        as_json.JSON_SCHEMA_VERSION, __version__, kind)
+
+
+@pytest.mark.parametrize(("scenario", "checks", "code", "verdict"), [
+    ("clean", (), 0, "clean"), ("order-instability", ("order-instability",), 0, "warnings"),
+    ("wrong-forward-prefetch", (), 1, "errors")])
+def test_analyze_json_has_a_verdict_and_counts(scenario_runs: Path, scenario: str,
+                                               checks: tuple[str, ...], code: int,
+                                               verdict: str) -> None:
+    selection = [arg for name in checks for arg in ("--check", name)]
+    doc = run_json("analyze", scenario_runs / scenario, "--format", "json", "-j", "1",
+                   *selection, code=code)
+    assert_valid(doc, "analysis")
+    assert doc["verdict"] == verdict
+    assert doc["checks"] == (list(checks) or list(CHECKS))
+    counts, found = doc["counts"], doc["findings"]
+    assert counts["total"] == len(found) == doc["summary"]["num_findings"]
+    for severity in ("error", "warning"):
+        assert counts["by_severity"][severity] == sum(f["severity"] == severity for f in found)
+        for name, per in counts["by_check"].items():
+            assert per[severity] == sum(f["check"] == name and f["severity"] == severity
+                                        for f in found)
+    assert all(list(f) == COLUMNS for f in found)
+
+
+def test_analyze_json_carries_the_figures(scenario_runs: Path) -> None:
+    doc = run_json("analyze", scenario_runs / "wrong-forward-prefetch", "--format", "json",
+                   "--check", "prefetch-order", "-j", "1", code=1)
+    assert doc["checks"] == ["prefetch-order"]
+    assert list(doc["counts"]["by_check"]) == ["prefetch-order"]
+    first = doc["findings"][0]
+    assert (first["unit"], first["target"], first["position"], first["target_position"]) == (
+        "layers.2", "layers.1", 3, 2)
+    assert first["bytes"] is None and first["parameters"] is None
+
+
+def test_summary_json(scenario_runs: Path) -> None:
+    doc = run_json("summary", scenario_runs / "clean", "--format", "json")
+    assert_valid(doc, "summary")
+    assert (doc["ranks"], doc["world_size"], doc["clean_close"]) == (2, 2, 2)
+    assert [r["rank"] for r in doc["per_rank"]] == [0, 1]
+    assert {r["ended"] for r in doc["per_rank"]} == {"clean close"}
+
+
+def test_suggest_json(scenario_runs: Path) -> None:
+    doc = run_json("suggest", scenario_runs / "wrong-forward-prefetch", "--format", "json")
+    assert_valid(doc, "suggest")
+    assert "model.layers[2].set_modules_to_forward_prefetch([model.layers[3]])" in doc["calls"]
+    assert {"phase": "forward", "unit": "layers.2", "target": "layers.1",
+            "action": "remove"} in doc["edges"]
+
+
+def test_the_schemas_ship_with_the_package() -> None:
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert '"schemas/*.schema.json"' in pyproject
+    for kind in ("analysis", "summary", "suggest"):
+        assert as_json.schema_path(kind).is_file()
