@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdptrace import endings, schema
+from fsdptrace import endings, schema, unsharded
 from fsdptrace.checks import incomplete
 from fsdptrace.render.folding import rank_ranges
 from fsdptrace.trace import Trace
@@ -32,7 +32,17 @@ def per_rank(trace: Trace) -> pd.DataFrame:
     meta = trace.meta.assign(rank=trace.meta["rank"].astype("int64"))
     meta = meta.drop_duplicates("rank", keep="last")[["rank", "host", "pid", "backend",
                                                       "fsdptrace_version"]]
-    return out.merge(meta, on="rank", how="left")
+    out = out.merge(meta, on="rank", how="left")
+    return out.merge(_unsharded_peaks(trace), on="rank", how="left")
+
+
+def _unsharded_peaks(trace: Trace) -> pd.DataFrame:
+    """Per rank, its highest pass of unsharded parameter bytes and that pass's floor."""
+    peaks = unsharded.peaks(trace.allgathers)
+    top = peaks.sort_values("peak_bytes", kind="stable").groupby("rank").tail(1)
+    return pd.DataFrame({"rank": top["rank"].astype("int64"),
+                         "peak_unsharded_bytes": top["peak_bytes"].astype("Int64"),
+                         "unsharded_floor_bytes": top["floor_bytes"].astype("Int64")})
 
 
 def _endings(trace: Trace) -> dict[int, str]:

@@ -53,3 +53,11 @@ def test_keeping_forward_parameters_shows_the_excess_and_its_cause(runs: Path) -
     rank0 = ledger[(ledger["rank"] == 0) & (ledger["step"] == 0)]
     assert list(rank0["held_bytes"])[:4] == [UNIT_BYTES * k for k in (1, 2, 3, 4)]
     assert list(rank0["held_bytes"])[-1] == 0  # every gather ends in a reshard
+
+
+def test_summary_names_each_ranks_peak_and_floor(runs: Path) -> None:
+    from fsdptrace.summary import per_rank
+
+    table = per_rank(fsdptrace.load(runs / "keep"))
+    assert list(table["peak_unsharded_bytes"]) == [4 * UNIT_BYTES] * 2
+    assert list(table["unsharded_floor_bytes"]) == [UNIT_BYTES] * 2

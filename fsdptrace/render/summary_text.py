@@ -6,6 +6,7 @@ from typing import TextIO
 
 import pandas as pd
 
+from fsdptrace import unsharded
 from fsdptrace.allgather_summary import overview_line
 from fsdptrace.render.untrusted import printable
 from fsdptrace.summary import overview, per_rank
@@ -25,6 +26,10 @@ def render(trace: Trace, out: TextIO, *, run_dir: str) -> None:
     for rank, where in incomplete.items():
         out.write(f"  rank {rank}: {printable(where)}\n")
     out.write(f"all-gathers: {printable(overview_line(trace.allgathers))}\n")
+    peaks = unsharded.peaks(trace.allgathers)
+    if len(peaks):  # the rank that holds most: parameter memory as FSDP holds it
+        top = int(peaks.loc[peaks["peak_bytes"].idxmax(), "rank"])
+        out.write(f"unsharded parameters: {printable(unsharded.summary_line(peaks, top))}\n")
     table = per_rank(trace)
     for name in table.columns:
         if not pd.api.types.is_numeric_dtype(table[name]):
