@@ -12,7 +12,8 @@ from fsdptrace.render.chrome_trace import write_chrome_trace
 
 REQUIRED = {"X": {"name", "ph", "ts", "dur", "pid", "tid"},
             "i": {"name", "ph", "ts", "pid", "tid", "s"},
-            "M": {"name", "ph", "pid", "args"}}
+            "M": {"name", "ph", "pid", "args"},
+            "C": {"name", "ph", "ts", "pid", "args"}}
 
 
 def export(run_dir: Path) -> tuple[fsdptrace.Trace, Any, dict[str, Any]]:

@@ -61,3 +61,14 @@ def test_summary_names_each_ranks_peak_and_floor(runs: Path) -> None:
     table = per_rank(fsdptrace.load(runs / "keep"))
     assert list(table["peak_unsharded_bytes"]) == [4 * UNIT_BYTES] * 2
     assert list(table["unsharded_floor_bytes"]) == [UNIT_BYTES] * 2
+
+
+def test_chrome_trace_has_a_bytes_counter_per_rank(runs: Path) -> None:
+    from fsdptrace.render.chrome_trace import chrome_trace
+
+    trace = fsdptrace.load(runs / "keep")
+    counters = [e for e in chrome_trace(trace, fsdptrace.analyze(trace))["traceEvents"]
+                if e["ph"] == "C"]
+    assert {e["pid"] for e in counters} == {0, 1}
+    assert max(e["args"]["bytes"] for e in counters) == 4 * UNIT_BYTES
+    assert all(e["ts"] >= 0 for e in counters)

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 import numpy as np
 import pandas as pd
 
-from fsdptrace import schema
+from fsdptrace import schema, unsharded
 from fsdptrace.trace import Trace
 
 TRACKS = {"boundaries": 0, schema.FORWARD: 1, schema.BACKWARD: 2}
@@ -39,12 +39,14 @@ def chrome_trace(trace: Trace, findings: pd.DataFrame) -> dict[str, Any]:
     """The Trace Event document as a dict (``traceEvents`` plus run facts in ``otherData``)."""
     events = _with_time(trace.events, trace.meta)
     markers = _with_time(trace.markers, trace.meta)
-    origin = _origin(events, markers)
+    ledger = _with_time(unsharded.timeline(trace.allgathers), trace.meta)
+    origin = _origin(events, markers, ledger)
     events = events.assign(ts=(events["t_wall"] - origin) / 1000.0)
     markers = markers.assign(ts=(markers["t_wall"] - origin) / 1000.0)
     ranks = sorted(set(trace.ranks) | _finding_ranks(findings))
     records = (_metadata(ranks) + _unit_slices(events, markers) + _boundaries(markers)
-               + _finding_instants(findings, events))
+               + _finding_instants(findings, events)
+               + _unsharded_counter(ledger, origin))
     return {
         "traceEvents": records,
         "displayTimeUnit": "ms",
@@ -65,8 +67,8 @@ def _with_time(frame: pd.DataFrame, meta: pd.DataFrame) -> pd.DataFrame:
     return merged.assign(t_wall=merged["t_ns"].astype("int64") + shift)
 
 
-def _origin(events: pd.DataFrame, markers: pd.DataFrame) -> int:
-    times = pd.concat([events["t_wall"], markers["t_wall"]])
+def _origin(*frames: pd.DataFrame) -> int:
+    times = pd.concat([frame["t_wall"] for frame in frames])
     return int(times.min()) if len(times) else 0
 
 
@@ -110,6 +112,19 @@ def _unit_slices(events: pd.DataFrame, markers: pd.DataFrame) -> list[dict[str, 
         "step": nxt["step"].astype("int64"), "micro_step": nxt["micro_step"].astype("int64"),
     })
     return [_with_args(r, ("step", "micro_step")) for r in frame.to_dict("records")]
+
+
+def _unsharded_counter(ledger: pd.DataFrame, origin: int) -> list[dict[str, Any]]:
+    """A counter track per rank: bytes of all-gathered parameters held (``unsharded``)."""
+    if not len(ledger):
+        return []
+    frame = pd.DataFrame({
+        "ph": "C", "name": "unsharded parameter bytes", "pid": ledger["rank"].astype("int64"),
+        "ts": ((ledger["t_wall"] - origin) / 1000.0).astype(float).round(3),
+    })
+    held = ledger["held_bytes"].astype("int64").tolist()
+    return [{**record, "args": {"bytes": value}}
+            for record, value in zip(frame.to_dict("records"), held, strict=True)]
 
 
 def _boundaries(markers: pd.DataFrame) -> list[dict[str, Any]]:
