@@ -109,6 +109,7 @@ class Recorder:
         self.eval_forwards = self.writer.buffer("eval_forwards", {
             "unit": self.unit_names, "grad_mode": schema.GRAD_MODES})
         self.last_settings: list[tuple[object, ...] | None] = [None] * len(self.units)
+        self.settings_key: object = None  # the backend's raw settings at the last check
         # (step, tokens per unit) taken at the step's first micro-step (``grads_written``).
         self.grad_baseline: tuple[int, list[list[object]]] | None = None
         self.live_events: list[tuple] | None = [] if raise_on_violation else None

@@ -97,9 +97,17 @@ def setting_text(value: object) -> str | None:
 
 
 def record_settings_if_changed(rec: Recorder) -> None:
-    """At each micro-step begin: rows for every unit setting that changed since last written."""
+    """At each micro-step begin: rows for every unit setting that changed since last written.
+
+    The backend's raw key is compared first, as for prefetch edges: most micro-steps change
+    nothing, and then no unit's row is built.
+    """
+    key = rec.backend.settings_key(rec.units)
+    if key is not None and key == rec.settings_key:
+        return
     for unit in rec.units:
         record_unit_settings_if_changed(rec, unit)
+    rec.settings_key = key
 
 
 def record_unit_settings_if_changed(rec: Recorder, unit: Unit) -> None:
@@ -108,6 +116,7 @@ def record_unit_settings_if_changed(rec: Recorder, unit: Unit) -> None:
     if row == last:
         return
     rec.last_settings[unit.index] = row
+    rec.settings_key = None  # changed outside a micro-step begin: compare rows next time
     rows = [(rec.step, rec.micro_step, unit.name, name, setting_text(value))
             for i, (name, value) in enumerate(zip(schema.SETTING_NAMES, row, strict=True))
             if last is None or last[i] != value]

@@ -101,6 +101,13 @@ class Backend(Protocol):
         """The unit's settings in ``schema.SETTING_NAMES`` order; None where unreadable."""
         ...
 
+    def settings_key(self, units: Sequence[Unit]) -> Any:
+        """Every unit's raw settings, cheap to compare with ``==``; None: always changed.
+
+        Lets the per-micro-step settings check skip building rows when nothing changed.
+        """
+        ...
+
     def install_backward_grads(self, rec: Recorder) -> list[InstanceAttributePatch]:
         """Call ``rec.record_backward_grads`` at each unit post-backward, before its
         reduce-scatter is issued, with every managed parameter's state; [] if unknown."""

@@ -196,6 +196,10 @@ class HSDPBackend:
         values = self.settings(unit)
         return tuple(values.get(name) for name in schema.SETTING_NAMES)
 
+    @staticmethod
+    def settings_key(units: Sequence[Unit]) -> None:
+        return None  # read every unit's settings at each micro-step
+
     def grad_tokens(self, unit: Unit) -> list[object]:
         """hyper_parallel keeps gradients under FSDP2's names (``sharded_param.grad``,
         ``_unsharded_param.grad``, ``unsharded_accumulated_grad``); ``main_grad`` is not read."""

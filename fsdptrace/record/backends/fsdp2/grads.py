@@ -34,7 +34,7 @@ RECEIVED, CARRIED, ZERO_FILLED, NONE = range(len(schema.GRAD_STATES))
 BACKWARD, IDLE, UNKNOWN = range(len(schema.GRAD_VIAS))
 
 # The group attributes behind FSDP2's setters, read in one C-level call.
-_group_settings = operator.attrgetter("reduce_grads", "all_reduce_grads",
+group_settings = operator.attrgetter("reduce_grads", "all_reduce_grads",
                                       "post_forward_mesh_info", "mesh_info",
                                       "reshard_after_backward", "reduce_scatter_unused_params")
 
@@ -106,9 +106,11 @@ def grad_token(fsdp_param: Any) -> object:
     """
     sharded = getattr(getattr(fsdp_param, "sharded_param", None), "grad", None)
     unsharded = fsdp_param.__dict__.get("_unsharded_param")
-    tokens = (_token(sharded), _token(getattr(unsharded, "grad", None)),
-              _token(getattr(fsdp_param, "unsharded_accumulated_grad", None)))
-    return None if tokens == (None, None, None) else tokens
+    kept = unsharded.grad if unsharded is not None else None
+    accumulated = getattr(fsdp_param, "unsharded_accumulated_grad", None)
+    if kept is None and accumulated is None:  # between steps, the common case: one gradient
+        return _token(sharded)
+    return _token(sharded), _token(kept), _token(accumulated)
 
 
 def _token(grad: Any) -> tuple[int, int, int] | None:
@@ -126,7 +128,7 @@ def settings_row(state: Any, mesh_shapes: dict[int, tuple[int, ...] | None]
     groups = param_groups(state)
     if not groups:
         return (None, None, is_last, None, None, None, None)
-    sync, all_reduce, post_mesh, mesh_info, after_backward, unused = _group_settings(groups[0])
+    sync, all_reduce, post_mesh, mesh_info, after_backward, unused = group_settings(groups[0])
     return (sync, all_reduce, is_last, _after_forward(post_mesh, mesh_info),
             after_backward, unused, _mesh_shape(mesh_info, mesh_shapes))
 
