@@ -8,15 +8,24 @@ in the test's docstring.
 
 from __future__ import annotations
 
+import shutil
 import signal
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 
+import fsdptrace
+from fsdptrace import schema
+from fsdptrace.errors import RunDirError
 from tests.jobs import REPO, RankResult, case_result, run_ranks
 from tests.jobs_scripts.tables import read_folded
 
 SCRIPT = REPO / "tests" / "jobs_scripts" / "divergence_job.py"
+SAMPLE = REPO / "sample_traces" / "clean"
+NEW_TABLES = ("backward_grads", "grads_written", "eval_forwards", "settings")
 
 
 def _run(tmp_path: Path, scenario: str) -> tuple[Path, list[RankResult]]:
@@ -146,3 +155,37 @@ def _in_effect(settings: pd.DataFrame, unit: str, setting: str, step: int, micro
     at = rows[(rows["step"] < step) | ((rows["step"] == step)
                                        & (rows["micro_step"] <= micro_step))]
     return {int(rank): str(group["value"].iloc[-1]) for rank, group in at.groupby("rank")}
+
+
+def test_run_dirs_recorded_before_these_tables_read_them_as_empty() -> None:
+    trace = fsdptrace.load(SAMPLE)
+    assert not any((SAMPLE / table).exists() for table in NEW_TABLES)
+    for table in NEW_TABLES:
+        frame = getattr(trace, table)
+        assert frame.empty and set(frame.columns) == {"rank", *schema.TABLES[table].names}
+
+
+@pytest.mark.parametrize(("table", "row", "complaint"), [
+    ("settings", {"setting": "reshard_every_other_day"}, "column setting holds"),
+    ("settings", {"value": "x" * 1000}, "column value holds a text of 1,000"),
+    ("backward_grads", {"state": "stolen"}, "column state holds 'stolen'"),
+    ("backward_grads", {"via": None}, "column via has nulls"),
+    ("eval_forwards", {"step": -1}, "column step holds -1"),
+    ("grads_written", {"written": None}, "column written has nulls"),
+])
+def test_new_columns_are_validated(tmp_path: Path, table: str, row: dict, complaint: str
+                                   ) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(SAMPLE, run_dir)
+    good = {"seq": 1, "t_ns": 1, "step": 0, "micro_step": 0, "unit": "<root>",
+            "param": "w", "state": "none", "via": "idle", "written": True,
+            "grad_mode": "no_grad", "setting": "mesh_shape", "value": "[2]"}
+    names = schema.TABLES[table].names
+    data = pa.Table.from_pylist([{n: {**good, **row}[n] for n in names}],
+                                schema=schema.TABLES[table].remove_metadata())
+    part = run_dir / table / "rank=0" / schema.PART_FILE.format(writer="w1", chunk=0)
+    part.parent.mkdir(parents=True)
+    pq.write_table(data.cast(schema.with_metadata(schema.TABLES[table], rank=0,
+                                                  version="test")), part)
+    with pytest.raises(RunDirError, match=complaint):
+        fsdptrace.load(run_dir)
