@@ -104,6 +104,26 @@ def test_b_parameter_used_on_one_rank_in_a_no_sync_micro_step(tmp_path: Path) ->
     assert _in_effect(settings, "c", "requires_gradient_sync", 0, 1) == {0: "true", 1: "true"}
 
 
+def test_b_told_unused_parameters_are_zero_filled(tmp_path: Path) -> None:
+    """The same divergence, every unit told ``set_reduce_scatter_unused_params(True)``.
+
+    FSDP2 then reduce-scatters zeros for rank 0's missing ``c.extra`` gradients: both ranks
+    reduce the same 4 parameters and the job finishes. Recorded as ``zero_filled`` (not a
+    finding for check 10) and in ``settings``.
+    """
+    run_dir, results = _run(tmp_path, "one_rank_param_told_unused")
+    assert [r.returncode for r in results] == [0, 0], results
+    states = _states(run_dir, "c")
+    assert {k: v for k, v in states.items() if k[3].startswith("c.extra")} == {
+        (0, 0, 0, "c.extra.weight"): "none", (0, 0, 0, "c.extra.bias"): "none",
+        (0, 0, 1, "c.extra.weight"): "zero_filled", (0, 0, 1, "c.extra.bias"): "zero_filled",
+        (1, 0, 0, "c.extra.weight"): "received", (1, 0, 0, "c.extra.bias"): "received",
+        (1, 0, 1, "c.extra.weight"): "carried", (1, 0, 1, "c.extra.bias"): "carried"}
+    settings = read_folded(run_dir, "settings", [0, 1])
+    assert _in_effect(settings, "c", "reduce_scatter_unused_params", 0, 1) == {
+        0: "true", 1: "true"}
+
+
 def test_c_uneven_eval_batches_are_recorded_apart_from_training(tmp_path: Path) -> None:
     """One training step, then 2 no_grad forwards on rank 0 and 3 on rank 1.
 

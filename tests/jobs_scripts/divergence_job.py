@@ -91,6 +91,14 @@ def one_rank_param_in_no_sync(net: Net, optimizer: Any, rank: int, seen: dict[st
     seen["sync_done"] = True
 
 
+def one_rank_param_told_unused(net: Net, optimizer: Any, rank: int, seen: dict[str, Any]
+                               ) -> None:
+    """As ``one_rank_param_in_no_sync``, the ranks told ``set_reduce_scatter_unused_params``."""
+    net.set_reduce_scatter_unused_params(True)
+    one_rank_param_in_no_sync(net, optimizer, rank, seen)
+    optimizer.step()
+
+
 def uneven_eval(net: Net, optimizer: Any, rank: int, seen: dict[str, Any]) -> None:
     """One training step, then 2 validation batches on rank 0 and 3 on rank 1."""
     net(batch()).sum().backward()
@@ -115,6 +123,7 @@ def one_rank_skips_sync(net: Net, optimizer: Any, rank: int, seen: dict[str, Any
 SCENARIOS: dict[str, Callable[[Net, Any, int, dict[str, Any]], None]] = {
     "skipped_unit": skipped_unit,
     "one_rank_param_in_no_sync": one_rank_param_in_no_sync,
+    "one_rank_param_told_unused": one_rank_param_told_unused,
     "uneven_eval": uneven_eval,
     "one_rank_skips_sync": one_rank_skips_sync,
 }
