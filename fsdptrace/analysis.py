@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -47,6 +47,8 @@ class RankSummary:
     ends: pd.DataFrame
     meta: pd.DataFrame
     ranks: list[int]
+    # What each across-ranks check with a ``summarize`` keeps of this rank, by check name.
+    summaries: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def per_rank_findings(source: Trace | RankTables, names: Iterable[str]) -> pd.DataFrame:
@@ -72,6 +74,8 @@ def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) ->
         ends=endings.ending_markers(tables.frame("markers")),
         meta=tables.frame("meta"),
         ranks=ranks,
+        summaries={check.name: check.summarize(tables)
+                   for check in selected(set(names), ACROSS_RANKS) if check.summarize},
     )
 
 
@@ -85,7 +89,8 @@ def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
                     unit_sets=cat(summaries, "unit_sets"), last=cat(summaries, "last"),
                     ends=cat(summaries, "ends"), meta=cat(summaries, "meta"),
                     ranks=sorted({r for s in summaries for r in s.ranks}),
-                    fetch_orders=fetch_orders, fetch_prefetch=fetch_prefetch)
+                    fetch_orders=fetch_orders, fetch_prefetch=fetch_prefetch,
+                    summaries=_concat_summaries(summaries))
     return findings.combine([cat(summaries, "findings")]
                             + [check.run_across_ranks(merged)
                                for check in selected(set(names), ACROSS_RANKS)])
@@ -97,6 +102,16 @@ def _concat_field(summaries: list[RankSummary], name: str) -> pd.DataFrame:
     if not non_empty:
         return frames[0] if frames else pd.DataFrame()
     return pd.concat(non_empty, ignore_index=True)
+
+
+def _concat_summaries(summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
+    names = {name for s in summaries for name in s.summaries}
+    out = {}
+    for name in names:
+        frames = [s.summaries[name] for s in summaries if name in s.summaries]
+        non_empty = [f for f in frames if len(f)]
+        out[name] = pd.concat(non_empty, ignore_index=True) if non_empty else frames[0]
+    return out
 
 
 def map_rank(run_dir: Path, rank: int, names: list[str]) -> RankSummary:
