@@ -117,6 +117,7 @@ class Recorder:
         # The last boundary snapshot's rows (schema.GRADIENTS / schema.PENDING order).
         self.boundary_gradients: list[tuple] = []
         self.boundary_pending: list[tuple] = []
+        self.boundary_written: list[tuple] = []
         if self.writer.init_error is not None:
             self._on_writer_failure(self.writer.init_error)
         self._write_static_tables(steps)

@@ -53,7 +53,7 @@ def record_prefetch_if_changed(rec: Recorder) -> None:
 def record_boundary(rec: Recorder) -> None:
     """Per unit: which managed parameters hold a gradient, and every pending all-gather.
 
-    The rows are also kept on the recorder (``boundary_gradients``/``boundary_pending``)
+    The rows are also kept on the recorder (``boundary_gradients``/``_pending``/``_written``)
     for the live checks, which run on this very snapshot right after it is taken. The
     backend's answers are tuples: a stored row is the (step, micro_step, unit) head plus one.
     """
@@ -73,6 +73,7 @@ def record_boundary(rec: Recorder) -> None:
             written.extend([head + (g.param, b != n) for g, b, n in zip(
                 presence, before, now, strict=False) if g.has_grad])
     rec.boundary_gradients, rec.boundary_pending = gradients, pending
+    rec.boundary_written = written
     rec.writer.buffer("gradients").extend(gradients)
     rec.writer.buffer("pending").extend(pending)
     rec.writer.buffer("grads_written").extend(written)
