@@ -47,14 +47,27 @@ def summarize(tables: RankTables) -> pd.DataFrame:
 
 
 def _intervals_reached(tables: RankTables) -> tuple[np.ndarray, np.ndarray]:
-    """(rank, interval) pairs a rank reached: the optimizer step of each training event, and the
-    one after each boundary it snapshotted (interval ``k`` spans training step ``k``)."""
+    """(rank, interval) pairs a rank reached: from its first recorded optimizer step to the
+    interval after the last boundary it snapshotted (interval ``k`` spans training step ``k``).
+
+    From minima and maxima only: this runs on every rank of every run, eval or not.
+    """
+    from fsdptrace.checks.positions import distinct_ranks
+
     events, grads = tables.events, tables.gradients
-    rank = np.concatenate([events["rank"], grads["rank"] if len(grads) else []]).astype(np.int64)
-    step = np.concatenate([events["step"], grads["step"] + 1 if len(grads) else []]
-                          ).astype(np.int64)
-    pairs = pd.DataFrame({"rank": rank, "step": step}).drop_duplicates()
-    return pairs["rank"].to_numpy(), pairs["step"].to_numpy()
+    ranks, steps = [], []
+    known = [events["rank"], *([grads["rank"]] if len(grads) else [])]
+    for rank in distinct_ranks(np.concatenate(known)):
+        mine = events["step"][events["rank"] == rank] if len(events) else events["step"]
+        done = grads["step"][grads["rank"] == rank] + 1 if len(grads) else mine[:0]
+        both = [a for a in (mine, done) if len(a)]
+        low = min(int(a.min()) for a in both)
+        high = max(int(a.max()) for a in both)
+        ranks.append(np.full(high - low + 1, rank, dtype=np.int64))
+        steps.append(np.arange(low, high + 1, dtype=np.int64))
+    if not ranks:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(ranks), np.concatenate(steps)
 
 
 def check(merged: Merged) -> pd.DataFrame:
