@@ -25,13 +25,11 @@ if TYPE_CHECKING:
     from fsdptrace.checks.positions import Positions
     from fsdptrace.trace import Trace
 
-# Tables joined on the parameter's label (check 2): their plain-text ``param`` is coded too.
-_BY_PARAM = ("gradients", "grads_written")
 # Tables the checks read as pandas frames, whose sizes say whether to read them at all.
 SIZED = ("pending", "allgathers", "backward_grads", "eval_forwards", "settings")
 # Columns that name things (dictionary-encoded on disk): these become vocab codes.
 CODED = {name: [f.name for f in table if pa.types.is_dictionary(f.type)] + (
-    ["unit"] if name == "units" else []) + (["param"] if name in _BY_PARAM else [])
+    ["unit"] if name == "units" else [])
     for name, table in schema.TABLES.items()}
 
 
@@ -149,12 +147,12 @@ class RankTables:
         closed = _closed(endings.ending_markers_arrow(markers))
         return cls(vocab=vocab, events=_events(Columns.from_arrow(tables["events"], vocab)),
                    prefetch=Columns.from_arrow(tables["prefetch"], vocab),
-                   gradients=Columns.from_arrow(tables["gradients"], vocab, ["param"]),
+                   gradients=Columns.from_arrow(tables["gradients"], vocab),
                    units=Columns.from_arrow(tables["units"], vocab, ["unit"]), closed=closed,
                    frames=frames,
                    sizes={t: tables[t].num_rows for t in SIZED},
                    incomplete=incomplete.from_arrow(markers),
-                   grads_written=Columns.from_arrow(tables["grads_written"], vocab, ["param"]))
+                   grads_written=Columns.from_arrow(tables["grads_written"], vocab))
 
 
 def _empty(table: str) -> pa.Table:

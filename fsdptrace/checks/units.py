@@ -51,9 +51,11 @@ def received_gradient(tables: RankTables) -> np.ndarray:
     asked, known = fold([[rank, written["rank"]], [step, written["step"]]])
     unknown_step = ~np.isin(asked, known)
     fresh = flag(written["written"])
+    # Labels are plain text (not vocab codes): one hash pass codes both tables' at once.
+    labels, _ = pd.factorize(np.concatenate([grads["param"], written["param"][fresh]]))
     asked, wrote = fold([[rank, written["rank"][fresh]], [step, written["step"][fresh]],
                          [grads["unit"], written["unit"][fresh]],
-                         [grads["param"], written["param"][fresh]]])
+                         [labels[:len(grads)], labels[len(grads):]]])
     return held & (unknown_step | np.isin(asked, wrote))
 
 

@@ -91,9 +91,10 @@ def step_tables(rec: Recorder) -> RankTables:
         vocab=vocab, events=event_columns,
         prefetch=Columns.from_rows(_prefetch_rows(rec), schema.PREFETCH.names, vocab,
                                    CODED["prefetch"], rank),
-        # Unit and parameter are compared; grad_source stays text (one lookup less per row).
+        # Only the unit is coded; parameter labels and grad_source stay text (no lookup per
+        # parameter: check 2 compares labels only for units that did not run forward).
         gradients=Columns.from_rows(rec.boundary_gradients, schema.GRADIENTS.names, vocab,
-                                    ["unit", "param"], rank),
+                                    ["unit"], rank),
         # Taken at this boundary from the step's first micro-step baseline, as the run dir's
         # rows are: live and offline agree. None when the step's start was not recorded.
         grads_written=Columns.from_rows(rec.boundary_written, schema.GRADS_WRITTEN.names,
