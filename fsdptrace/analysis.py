@@ -50,6 +50,8 @@ class RankSummary:
     # Chunks this rank's read skipped as unreadable: a worker process hands them to its parent,
     # which warns once for each.
     skipped: list[chunk_gaps.SkippedChunk] = field(default_factory=list)
+    # What each across-ranks check with a ``summarize`` keeps of this rank, by check name.
+    summaries: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def per_rank_findings(source: Trace | RankTables, names: Iterable[str]) -> pd.DataFrame:
@@ -75,6 +77,8 @@ def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) ->
         ends=endings.ending_markers(tables.frame("markers")),
         meta=tables.frame("meta"),
         ranks=ranks,
+        summaries={check.name: check.summarize(tables)
+                   for check in selected(set(names), ACROSS_RANKS) if check.summarize},
     )
 
 
@@ -88,7 +92,8 @@ def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
                     unit_sets=cat(summaries, "unit_sets"), last=cat(summaries, "last"),
                     ends=cat(summaries, "ends"), meta=cat(summaries, "meta"),
                     ranks=sorted({r for s in summaries for r in s.ranks}),
-                    fetch_orders=fetch_orders, fetch_prefetch=fetch_prefetch)
+                    fetch_orders=fetch_orders, fetch_prefetch=fetch_prefetch,
+                    summaries=_concat_summaries(summaries))
     return findings.combine([cat(summaries, "findings")]
                             + [check.run_across_ranks(merged)
                                for check in selected(set(names), ACROSS_RANKS)])
@@ -100,6 +105,16 @@ def _concat_field(summaries: list[RankSummary], name: str) -> pd.DataFrame:
     if not non_empty:
         return frames[0] if frames else pd.DataFrame()
     return pd.concat(non_empty, ignore_index=True)
+
+
+def _concat_summaries(summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
+    names = {name for s in summaries for name in s.summaries}
+    out = {}
+    for name in names:
+        frames = [s.summaries[name] for s in summaries if name in s.summaries]
+        non_empty = [f for f in frames if len(f)]
+        out[name] = pd.concat(non_empty, ignore_index=True) if non_empty else frames[0]
+    return out
 
 
 def map_rank(run_dir: Path, rank: int, names: list[str]) -> RankSummary:

@@ -5,7 +5,7 @@ A rank's journal is a folder of segment files, ``RUN_DIR/journal/rank=<r>/<table
 it. Each segment is a fixed header (``HEADER``), a JSON vocabulary (the dictionaries of coded
 columns, so a segment reads on its own), then records from ``data_offset`` on:
 
-- *fixed* tables (events, allgathers: many rows per step) hold one struct per row, the row's
+- *fixed* tables (``FIXED_TABLES``: many rows per step) hold one struct per row, the row's
   fields then a trailer equal to its ``seq``. A slot counts only when its first field equals
   its trailer and is not 0: a slot the process died while writing is skipped, and a slot
   never written is zeros.
@@ -24,7 +24,7 @@ from fsdptrace import schema
 
 JOURNAL_DIR = "journal"
 SEGMENT_FILE = "{table}-{writer}-{index:06d}.seg"
-SEGMENT_NAME = re.compile(r"^(?P<table>[a-z]+)-(?P<writer>j[0-9_]+)-(?P<index>\d{6,})\.seg$")
+SEGMENT_NAME = re.compile(r"^(?P<table>[a-z_]+)-(?P<writer>j[0-9_]+)-(?P<index>\d{6,})\.seg$")
 # Parquet parts written from segments name the segment range they hold (schema 2). Schema-1
 # writer ids start with "w", so their ``part-<writer>-<n>`` names never match this.
 RANGE_PART_FILE = "part-{writer}-{first:06d}-{last:06d}.parquet"
@@ -38,7 +38,7 @@ FRAME = struct.Struct("<I")
 # The largest framed record a reader accepts: bounds what garbage can make it allocate.
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
-FIXED_TABLES = ("events", "allgathers")
+FIXED_TABLES = ("events", "allgathers", "backward_grads", "eval_forwards")
 
 
 def _code(kind: pa.DataType) -> str:

@@ -13,6 +13,11 @@ Schema 2 (the memory-mapped journal) names parts by the journal segments they ho
 ``RUN_DIR/journal/rank=<r>/`` (see ``journal_format``) and has every table from the start; the
 columns are those of schema 1, which is still read (its run dirs may hold ``dropped_rows``
 markers).
+
+Tables added in schema 2 without a version bump (a run dir recorded before them reads them as
+empty, like any table of a short run): ``backward_grads``, ``grads_written``, ``eval_forwards``
+and ``settings``, what checks 2, 10, 11 and 12 of ``docs/checks.md`` read
+(``docs/recorded_for_checks.md``).
 """
 
 from __future__ import annotations
@@ -163,6 +168,73 @@ ALLGATHERS = pa.schema(
     ]
 )
 
+# Per unit post-backward (FSDP2 ``FSDPParamGroup.post_backward``), one row per managed parameter,
+# written before the unit's reduce-scatter is issued: what that collective is about to reduce.
+# ``state``: ``received`` (a gradient written in this backward), ``carried`` (held from an
+# earlier no-sync micro-step of the step, nothing new), ``zero_filled`` (none, but the unit was
+# told ``set_reduce_scatter_unused_params`` and FSDP reduces zeros), ``none``. ``via``:
+# ``backward`` (the unit ran backward), ``idle`` (end-of-backward safety net for a unit that did
+# not), ``unknown`` (the backend cannot tell).
+BACKWARD_GRADS = pa.schema(
+    [
+        ("seq", pa.int64()),
+        ("t_ns", pa.int64()),
+        ("step", pa.int32()),
+        ("micro_step", pa.int32()),
+        ("unit", _dict_str),
+        ("param", _dict_str),
+        ("state", _dict_str),
+        ("via", _dict_str),
+    ]
+)
+GRAD_STATES = ("received", "carried", "zero_filled", "none")
+GRAD_VIAS = ("backward", "idle", "unknown")
+
+# At each optimizer boundary, per managed parameter holding a gradient: was that gradient
+# written during this step (compared with the step's first micro-step begin)? A zero-filled
+# buffer kept by ``zero_grad(set_to_none=False)`` and untouched since is not.
+GRADS_WRITTEN = pa.schema(
+    [
+        ("step", pa.int32()),
+        ("micro_step", pa.int32()),
+        ("unit", _dict_str),
+        ("param", pa.string()),
+        ("written", pa.bool_()),
+    ]
+)
+
+# A unit forward run with gradients disabled (validation, generation), in call order (``seq``),
+# recorded at the forward pre-hook (before the all-gather). ``step``: the eval interval, i.e.
+# how many optimizer boundaries the rank had passed. Never part of ``events``.
+EVAL_FORWARDS = pa.schema(
+    [
+        ("seq", pa.int64()),
+        ("t_ns", pa.int64()),
+        ("step", pa.int32()),
+        ("unit", _dict_str),
+        ("grad_mode", _dict_str),
+    ]
+)
+GRAD_MODES = ("no_grad", "inference_mode")
+
+# The FSDP state that decides which collectives run, per unit, one row per setting whenever
+# its value changed (read at each micro-step's first root forward and at each unit
+# post-backward): the value in effect at a micro-step is the last row at or before it, and of
+# several rows for one micro-step the last is what its backward used. ``value`` is JSON
+# (``true``, ``4``, ``[2]``); null when the backend cannot read it.
+SETTINGS = pa.schema(
+    [
+        ("step", pa.int32()),
+        ("micro_step", pa.int32()),
+        ("unit", _dict_str),
+        ("setting", _dict_str),
+        ("value", pa.string()),
+    ]
+)
+SETTING_NAMES = ("requires_gradient_sync", "requires_all_reduce", "is_last_backward",
+                 "reshard_after_forward", "reshard_after_backward",
+                 "reduce_scatter_unused_params", "mesh_shape")
+
 FINDINGS = pa.schema(
     [
         ("check", pa.string()),
@@ -186,6 +258,10 @@ TABLES: dict[str, pa.Schema] = {
     "pending": PENDING,
     "allgathers": ALLGATHERS,
     "findings": FINDINGS,
+    "backward_grads": BACKWARD_GRADS,
+    "grads_written": GRADS_WRITTEN,
+    "eval_forwards": EVAL_FORWARDS,
+    "settings": SETTINGS,
 }
 
 # Tables a recorder always writes; a run dir without them is not a run dir.

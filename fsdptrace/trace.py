@@ -19,7 +19,8 @@ from fsdptrace import reader, schema
 from fsdptrace.errors import RunDirError
 
 TABLE_NAMES = ("meta", "units", "events", "markers", "prefetch", "gradients", "pending",
-               "allgathers", "findings")
+               "allgathers", "findings", "backward_grads", "grads_written", "eval_forwards",
+               "settings")
 
 
 @dataclass
@@ -36,6 +37,12 @@ class Trace:
     pending: pd.DataFrame
     allgathers: pd.DataFrame = field(default_factory=pd.DataFrame)
     findings: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # What checks 2, 10, 11 and 12 read (docs/recorded_for_checks.md); empty for run dirs
+    # recorded before these tables existed.
+    backward_grads: pd.DataFrame = field(default_factory=pd.DataFrame)
+    grads_written: pd.DataFrame = field(default_factory=pd.DataFrame)
+    eval_forwards: pd.DataFrame = field(default_factory=pd.DataFrame)
+    settings: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def ranks(self) -> list[int]:

@@ -60,9 +60,23 @@ NOT_NULL: dict[str, tuple[str, ...]] = {
     "gradients": ("step", "micro_step", "unit", "param", "has_grad"),
     "pending": ("step", "micro_step", "unit"),
     "allgathers": ("seq", "t_ns", "step", "micro_step", "phase", "unit", "event"),
+    "backward_grads": ("seq", "t_ns", "step", "micro_step", "unit", "state", "via"),
+    "grads_written": ("step", "micro_step", "unit", "param", "written"),
+    "eval_forwards": ("seq", "t_ns", "step", "unit", "grad_mode"),
+    "settings": ("step", "micro_step", "unit", "setting"),
 }
 PHASE_TABLES = ("events", "prefetch", "allgathers")
-_STEP_TABLES = ("events", "markers", "prefetch", "gradients", "pending", "allgathers")
+_STEP_TABLES = ("events", "markers", "prefetch", "gradients", "pending", "allgathers",
+                "backward_grads", "grads_written", "settings")
+# Columns whose words the checks compare with constants: anything else is no recording.
+WORDS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("backward_grads", "state"): schema.GRAD_STATES,
+    ("backward_grads", "via"): schema.GRAD_VIAS,
+    ("eval_forwards", "grad_mode"): schema.GRAD_MODES,
+    ("settings", "setting"): schema.SETTING_NAMES,
+}
+# A setting's value is a short JSON text (a bool, an int, a mesh shape).
+MAX_SETTING_CHARS = 256
 
 
 def partition_rank(name: str, *, table_dir: Path) -> int | None:
@@ -141,12 +155,18 @@ def check_values(data: pa.Table, *, table: str, path: Path) -> None:
     if table in _STEP_TABLES:
         _check_range(data, "step", 0, MAX_STEP, path=path)
         _check_range(data, "micro_step", 0, MAX_MICRO_STEP, path=path)
+    if table == "eval_forwards":
+        _check_range(data, "step", 0, MAX_STEP, path=path)
     if table in PHASE_TABLES:
-        phases = set(pc.unique(pc.cast(data.column("phase"), pa.string())).to_pylist())
-        odd = sorted(str(p) for p in phases - set(schema.PHASES) - {None})
-        if odd:
-            raise RunDirError(f"{path}: column phase holds {odd[0]!r} (expected one of "
-                              f"{', '.join(schema.PHASES)})")
+        _check_words(data, "phase", schema.PHASES, path=path)
+    for (words_table, column), allowed in WORDS.items():
+        if table == words_table:
+            _check_words(data, column, allowed, path=path)
+    if table == "settings" and data.num_rows:
+        longest = pc.max(pc.utf8_length(data.column("value"))).as_py()
+        if longest is not None and longest > MAX_SETTING_CHARS:
+            raise RunDirError(f"{path}: column value holds a text of {longest:,} characters "
+                              f"(expected a setting of at most {MAX_SETTING_CHARS})")
     if table == "prefetch":
         has_target = pc.is_valid(data.column("target"))
         index = data.column("target_index").filter(has_target)
@@ -157,6 +177,14 @@ def check_values(data: pa.Table, *, table: str, path: Path) -> None:
                      path=path)
     if table == "meta":
         _check_range(data, "world_size", 1, MAX_RANK + 1, path=path)
+
+
+def _check_words(data: pa.Table, name: str, allowed: tuple[str, ...], *, path: Path) -> None:
+    words = set(pc.unique(pc.cast(data.column(name), pa.string())).to_pylist())
+    odd = sorted(str(w) for w in words - set(allowed) - {None})
+    if odd:
+        raise RunDirError(f"{path}: column {name} holds {odd[0]!r} (expected one of "
+                          f"{', '.join(allowed)})")
 
 
 def check_world_size(meta: pa.Table, *, highest_rank: int, partition: Path) -> None:

@@ -6,10 +6,11 @@ One source of truth for three users: the tests on fresh recordings
 returns what is wrong (an empty list when the findings match) instead of asserting: the script
 reports it, the tests assert on it.
 
-A planted problem is pinned by checks 1-7 (``CHECKS.md``). The all-gather provenance warnings
-(wasted-prefetch, redundant-prefetch) also fire on several scenarios, as consequences of the
-same wrong wiring, with hold times in their messages; the provenance tests pin those.
-A clean run must give no finding of any check.
+A planted problem is pinned by checks 1-7 and 10-12 (``docs/checks.md``): none of the scenarios
+diverges in gradients, eval forwards or settings, so those must stay silent. The all-gather
+provenance warnings (wasted-prefetch, redundant-prefetch) also fire on several scenarios, as
+consequences of the same wrong wiring, with hold times in their messages; the provenance tests
+pin those. A clean run must give no finding of any check.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pandas as pd
 CORE_CHECKS = frozenset({
     "prefetch-order", "bypassed-unit", "pending-all-gather", "rank-divergence",
     "prefetch-config-divergence", "stalled-rank", "order-instability",
+    "gradient-divergence", "eval-divergence", "setting-divergence",
 })
 WHERE = ["check", "rank", "step", "micro_step", "phase", "unit", "target"]
 RANKS = (0, 1)

@@ -1,4 +1,5 @@
-"""docs/checks.md, rules 1, 2, 4, 5 and 7, as plain pandas: the executable spec of the checks.
+"""docs/checks.md, rules 1, 2, 4, 5, 7, 10, 11 and 12, as plain pandas: the executable spec of the
+checks.
 
 Written for reading, not speed: one function per check, straight from the contract's words,
 taking a ``fsdptrace.Trace`` and returning the findings as a set of tuples. The property test
@@ -77,17 +78,28 @@ def prefetch_order(trace: Trace) -> set[tuple]:
 
 
 def bypassed_unit(trace: Trace) -> set[tuple]:
-    """Rule 2 (on the data recorded today): (rank, step, unit) for a non-root unit that began
-    forward in none of the step's micro-steps, yet one of its parameters holds a gradient."""
+    """Rule 2: (rank, step, unit) for a non-root unit that began forward in none of the step's
+    micro-steps, yet one of its parameters received a gradient during the step.
+
+    Received: held at the boundary and written in the step (``grads_written``); where a
+    (rank, step) has no ``grads_written`` rows, held is all there is.
+    """
     roots = trace.units[trace.units["is_root"].fillna(False).astype(bool)]
     root_units = {(int(r), str(u)) for r, u in zip(roots["rank"], roots["unit"], strict=True)}
     forward = trace.events[trace.events["phase"].astype(str) == schema.FORWARD]
     ran = {(int(r), int(s), str(u)) for r, s, u in zip(forward["rank"], forward["step"],
                                                        forward["unit"], strict=True)}
+    written = trace.grads_written
+    judged = {(int(r), int(s)) for r, s in zip(written["rank"], written["step"], strict=True)}
+    fresh = {(int(r), int(s), str(u), str(p)) for r, s, u, p, w in zip(
+        written["rank"], written["step"], written["unit"], written["param"], written["written"],
+        strict=True) if w}
     grads = trace.gradients[trace.gradients["has_grad"].fillna(False).astype(bool)]
-    return {(int(r), int(s), str(u)) for r, s, u in zip(grads["rank"], grads["step"],
-                                                       grads["unit"], strict=True)
-            if (int(r), str(u)) not in root_units and (int(r), int(s), str(u)) not in ran}
+    return {(int(r), int(s), str(u)) for r, s, u, p in zip(grads["rank"], grads["step"],
+                                                          grads["unit"], grads["param"],
+                                                          strict=True)
+            if (int(r), str(u)) not in root_units and (int(r), int(s), str(u)) not in ran
+            and ((int(r), int(s)) not in judged or (int(r), int(s), str(u), str(p)) in fresh)}
 
 
 def unit_set(trace: Trace, rank: int) -> frozenset[str]:
@@ -174,6 +186,133 @@ def order_instability(trace: Trace) -> set[tuple]:
             index = next(i for i in range(max(len(order), len(reference)) + 1)
                          if _at(order, i) != _at(reference, i))
             found.add((rank, step, micro, index, _at(order, index), _at(reference, index)))
+    return found
+
+
+def _cut_off(trace: Trace) -> dict[int, tuple[int, int, str]]:
+    """Per rank whose ending is not clean: (step, micro_step, phase) of its last event."""
+    clean = endings.clean_ranks(trace.markers, trace.ranks)
+    events = trace.events.sort_values(["rank", "seq"])
+    return {int(r): (int(m["step"].iloc[-1]), int(m["micro_step"].iloc[-1]),
+                     str(m["phase"].iloc[-1]))
+            for r, m in events.groupby("rank") if int(r) not in clean}
+
+
+def gradient_divergence(trace: Trace) -> set[tuple]:
+    """Rule 10: (rank, step, micro_step where its gradients began to differ, unit, parameters
+    that differ), once per (rank, step, unit).
+
+    Per (step, micro_step, unit) on two or more ranks with the same units: each rank's set of
+    parameters with a gradient to reduce (received, carried, zero-filled) against the most
+    common set. Slots told ``reduce_scatter_unused_params`` on every rank are not compared;
+    cut-off micro-steps are skipped.
+    """
+    cut = _cut_off(trace)
+    rows = trace.backward_grads.dropna(subset=["param"])
+    sets: dict[tuple, dict[int, tuple[frozenset, frozenset, bool]]] = {}
+    for (rank, step, micro, unit), mine in rows.groupby(["rank", "step", "micro_step", "unit"],
+                                                      observed=True):
+        rank, step, micro = int(rank), int(step), int(micro)
+        if cut.get(rank, (None, None))[:2] == (step, micro):
+            continue
+        state = mine["state"].astype(str)
+        reduced = frozenset(mine.loc[state.isin(["received", "carried", "zero_filled"]),
+                                     "param"].astype(str))
+        received = frozenset(mine.loc[state == "received", "param"].astype(str))
+        told = _setting_at(trace, rank, step, micro, str(unit),
+                           "reduce_scatter_unused_params") == "true"
+        sets.setdefault((unit_set(trace, rank), step, micro, str(unit)), {})[rank] = (
+            reduced, received, told)
+    first: dict[tuple, tuple[int, frozenset, frozenset]] = {}
+    began: dict[tuple, int] = {}
+    for (_, step, micro, unit), by_rank in sorted(sets.items(), key=lambda kv: kv[0][1:]):
+        if len(by_rank) < 2 or all(told for _, _, told in by_rank.values()):
+            continue
+        reference = frozenset(_majority({r: v[0] for r, v in by_rank.items()}))  # type: ignore[arg-type]
+        reference_rank = min(r for r, v in by_rank.items() if v[0] == reference)
+        for rank, (reduced, received, _) in by_rank.items():
+            key = (rank, step, unit)
+            if received != by_rank[reference_rank][1]:
+                began[key] = min(began.get(key, micro), micro)
+            if reduced != reference and key not in first:
+                first[key] = (micro, reduced, reference)
+    found = set()
+    for (rank, step, unit), (micro, reduced, reference) in first.items():
+        differ = sorted(reduced - reference) + sorted(reference - reduced)
+        found.add((rank, step, began.get((rank, step, unit), micro), unit, ", ".join(differ)))
+    return found
+
+
+def _setting_at(trace: Trace, rank: int, step: int, micro: int, unit: str, setting: str
+                ) -> str | None:
+    """The value in effect: the last row at or before (step, micro) for the rank and unit."""
+    rows = trace.settings
+    mine = rows[(rows["rank"] == rank) & (rows["unit"].astype(str) == unit)
+                & (rows["setting"].astype(str) == setting)]
+    # Rows are in recording order: the last one at or before (step, micro) is in effect.
+    at = [v for s, m, v in zip(mine["step"], mine["micro_step"], mine["value"], strict=True)
+          if (int(s), int(m)) <= (step, micro)]
+    return None if not at or pd.isna(at[-1]) else str(at[-1])
+
+
+def eval_divergence(trace: Trace) -> set[tuple]:
+    """Rule 11: (rank, interval, index of the first difference, its unit, the majority's unit).
+
+    A rank's eval interval ``k`` is its eval forwards' units in order; it reached the interval
+    if it trained in step ``k``, passed boundary ``k-1``, or ran an eval forward there.
+    """
+    evals = trace.eval_forwards.sort_values(["rank", "seq"])
+    reached = {(int(r), int(s)) for r, s in zip(trace.events["rank"], trace.events["step"],
+                                                strict=True)}
+    reached |= {(int(r), int(s) + 1) for r, s in zip(trace.gradients["rank"],
+                                                      trace.gradients["step"], strict=True)}
+    reached |= {(int(r), int(s)) for r, s in zip(evals["rank"], evals["step"], strict=True)}
+    intervals: dict[tuple, dict[int, tuple[str, ...]]] = {}
+    for rank, step in reached:
+        mine = evals[(evals["rank"] == rank) & (evals["step"] == step)]
+        intervals.setdefault((unit_set(trace, rank), step), {})[rank] = tuple(
+            mine["unit"].astype(str))
+    found = set()
+    for (_, step), by_rank in intervals.items():
+        if len(by_rank) < 2:
+            continue
+        reference = _majority(by_rank)
+        assert isinstance(reference, tuple)
+        for rank, interval in by_rank.items():
+            if interval != reference:
+                index = next(i for i in range(max(len(interval), len(reference)) + 1)
+                             if _at(interval, i) != _at(reference, i))
+                found.add((rank, step, index, _at(interval, index), _at(reference, index)))
+    return found
+
+
+def setting_divergence(trace: Trace) -> set[tuple]:
+    """Rule 12: (rank, step, micro_step, unit, setting) where a rank's value differs from the
+    most common value among ranks with its units.
+
+    Compared where some rank's setting changed (a row), on every rank that ran that
+    micro-step (a stalled rank's last micro-step only if its forward was complete).
+    """
+    cut = _cut_off(trace)
+    ran = {(int(r), int(s), int(m)) for r, s, m in zip(
+        trace.events["rank"], trace.events["step"], trace.events["micro_step"], strict=True)}
+    ran -= {(r, s, m) for r, (s, m, phase) in cut.items() if phase == schema.FORWARD}
+    rows = trace.settings
+    changed = {(int(s), int(m), str(u), str(n)) for s, m, u, n in zip(
+        rows["step"], rows["micro_step"], rows["unit"], rows["setting"], strict=True)}
+    found = set()
+    for step, micro, unit, setting in changed:
+        values: dict[frozenset, dict[int, str]] = {}
+        for rank in sorted({r for r, s, m in ran if (s, m) == (step, micro)}):
+            value = _setting_at(trace, rank, step, micro, unit, setting)
+            if value is not None:
+                values.setdefault(unit_set(trace, rank), {})[rank] = value
+        for by_rank in values.values():
+            if len(by_rank) < 2:
+                continue
+            reference = _majority(by_rank)
+            found |= {(rank, step, micro, unit, setting) for rank, value in by_rank.items()
+                      if value != reference}
     return found
 
 

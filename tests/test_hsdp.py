@@ -226,6 +226,31 @@ def test_settings_of_every_unit(runs: Path) -> None:
 
 @real_hsdp
 @pytest.mark.slow
+def test_backward_grads_and_settings_tables(runs: Path) -> None:
+    """``hsdp_state.post_backward`` runs only for units that ran backward: ``extra`` (never
+    called) has no rows, every layer's parameters are ``received`` in every micro-step."""
+    run_dir = runs / "clean"
+    grads = read_table(run_dir, "backward_grads")
+    assert set(grads["unit"]) == {"<root>", *LAYERS}
+    assert set(grads["state"]) == {"received"} and set(grads["via"]) == {"backward"}
+    per_pass = grads.groupby(["rank", "step", "micro_step"])["param"].agg(frozenset)
+    assert per_pass.index.tolist() == PASSES
+    assert len(set(per_pass)) == 1
+    settings = read_table(run_dir, "settings")
+    first = settings[(settings["rank"] == 0) & (settings["step"] == 0)
+                     & (settings["micro_step"] == 0) & (settings["unit"] == "layers.0")]
+    assert dict(zip(first["setting"], first["value"].fillna("null"), strict=True)) == {
+        "requires_gradient_sync": "true", "requires_all_reduce": "true",
+        "is_last_backward": "true", "reshard_after_forward": "false",
+        "reshard_after_backward": "true", "reduce_scatter_unused_params": "null",
+        "mesh_shape": "[2]"}
+    written = read_table(run_dir, "grads_written")
+    assert written["written"].all() and set(written["unit"]) == {"<root>", *LAYERS}
+    assert read_table(run_dir, "eval_forwards").empty
+
+
+@real_hsdp
+@pytest.mark.slow
 def test_zero_code_record_of_torchrun(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

@@ -159,6 +159,19 @@ def test_eval_forward_is_not_a_micro_step(runs: Path) -> None:
     assert set(read_table(run, "events")["step"]) == {0, 1, 2}
 
 
+def test_eval_forwards_are_recorded_apart(runs: Path) -> None:
+    """Each no_grad forward is recorded in its own table, in the eval interval after the step
+    it follows; reentrant checkpointing's no_grad first forward is training, not eval."""
+    run = runs / "clean-checkpoint-accumulation"
+    evals = read_table(run, "eval_forwards")
+    for rank in RANKS:
+        mine = evals[evals["rank"] == rank]
+        assert {int(s): list(g["unit"]) for s, g in mine.groupby("step")} == {
+            step: orders(run)[(rank, 0, 0, "forward")] for step in (1, 2, 3)}
+    assert set(evals["grad_mode"]) == {"no_grad"}
+    assert read_table(runs / "clean-reentrant-checkpoint", "eval_forwards").empty
+
+
 def test_accumulation_without_sync_keeps_gradients_visible(runs: Path) -> None:
     """Sync off: ``param.grad`` is None, yet the recorder finds the unsharded gradient."""
     gradients = read_table(runs / "no-sync-boundary", "gradients")

@@ -3,7 +3,9 @@
 Seeded random traces (no job, no disk) with what the rules are about: units called twice in a
 pass (a reused block), swapped calls on some ranks and micro-steps, ranks of another stage,
 random prefetch snapshots (targets that did not run, ran before, or run later), units whose
-parameters hold gradients without a forward, and ranks that did not end clean.
+parameters hold gradients without a forward (written in the step or left from an earlier one),
+ranks that did not end clean, and the version-2 tables: per-backward gradient states, settings
+changed on some ranks, and eval intervals that differ between ranks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ def random_trace(seed: int) -> Trace:
     world_size, steps, micro_steps = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 2)
     names = [ROOT, *rng.sample(NAMES, rng.randint(1, 4))]
     reused = rng.random() < 0.5 and len(names) > 2
+    # Eval passes per interval, the same on every rank unless a rank deviates below.
+    eval_plan = [rng.choice([0, 0, 1, 2]) for _ in range(steps + 1)]
+    told = {name: rng.random() < 0.15 for name in names}
     b = TraceBuilder(world_size=world_size)
     for rank in range(world_size):
         units = list(names)
@@ -40,20 +45,67 @@ def random_trace(seed: int) -> Trace:
         for index, name in enumerate(units + ([ghost] if ghost else [])):
             b.unit(rank, name, is_root=index == 0)
         for step in range(steps):
+            _eval(rng, b, rank, step, units, eval_plan[step])
             for micro in range(micro_steps):
                 b.marker(rank, step, micro, schema.MARKER_MICRO_STEP)
                 if (step, micro) == (0, 0) or rng.random() < 0.2:
                     b.edges(rank, step, micro, _random_edges(rng, units), units)
+                _settings(rng, b, rank, step, micro, units, told)
                 forward = _swapped(rng, base) if rng.random() < 0.15 else base
                 b.run(rank, step, micro, schema.FORWARD, forward)
                 b.run(rank, step, micro, schema.BACKWARD, [forward[0], *reversed(forward[1:])])
+                _backward_grads(rng, b, rank, step, micro, units)
+            judged = rng.random() < 0.7  # grads_written rows for this step, or none (old dirs)
             for name in units + ([ghost] if ghost and rng.random() < 0.7 else []):
+                has_grad = rng.random() < 0.9
                 b.gradient(rank, step, micro_steps - 1, name, f"{name}.weight",
-                           has_grad=rng.random() < 0.9)
+                           has_grad=has_grad)
+                if judged and has_grad:
+                    b.written(rank, step, name, f"{name}.weight", written=rng.random() < 0.7)
             b.marker(rank, step, micro_steps - 1, schema.MARKER_OPTIMIZER_STEP)
+        _eval(rng, b, rank, steps, units, eval_plan[steps])
         if rng.random() < 0.8:
             b.marker(rank, steps, 0, schema.MARKER_CLOSE)
     return b.build()
+
+
+def _eval(rng: random.Random, b: TraceBuilder, rank: int, interval: int, units: list[str],
+          passes: int) -> None:
+    """``passes`` eval forwards of the units; some ranks run one more or one less, or another
+    order."""
+    if rng.random() < 0.15:
+        passes = max(0, passes + rng.choice([-1, 1]))
+    order = _swapped(rng, units) if rng.random() < 0.1 else units
+    for _ in range(passes):
+        for name in order:
+            b.eval_forward(rank, interval, name)
+
+
+def _settings(rng: random.Random, b: TraceBuilder, rank: int, step: int, micro: int,
+              units: list[str], told: dict[str, bool]) -> None:
+    """Every setting at the first micro-step, then a change on some ranks now and then."""
+    if (step, micro) == (0, 0):
+        for name in units:
+            b.setting(rank, 0, 0, name, "requires_gradient_sync", "true")
+            flipped = rng.random() < 0.1
+            b.setting(rank, 0, 0, name, "reduce_scatter_unused_params",
+                      "true" if told[name] != flipped else "false")
+        return
+    if rng.random() < 0.2:
+        value = rng.choice(["true", "false", None])
+        b.setting(rank, step, micro, rng.choice(units), "requires_gradient_sync", value)
+
+
+def _backward_grads(rng: random.Random, b: TraceBuilder, rank: int, step: int, micro: int,
+                    units: list[str]) -> None:
+    """Two parameters per non-root unit, mostly received; now and then one is missing,
+    carried from an earlier micro-step or zero-filled."""
+    for name in units[1:]:
+        for param in (f"{name}.weight", f"{name}.bias"):
+            draw = rng.random()
+            state = ("none" if draw < 0.06 else "zero_filled" if draw < 0.09
+                     else "carried" if draw < 0.15 and micro else "received")
+            b.backward_grad(rank, step, micro, name, param, state)
 
 
 def _with_repeat(rng: random.Random, units: list[str]) -> list[str]:
@@ -94,6 +146,11 @@ CASES = {
                                    ["rank", "step", "micro_step"]),
     "order-instability": (spec.order_instability, ["rank", "step", "micro_step", "position",
                                                    "unit", "target"]),
+    "gradient-divergence": (spec.gradient_divergence, ["rank", "step", "micro_step", "unit",
+                                                       "parameters"]),
+    "eval-divergence": (spec.eval_divergence, ["rank", "step", "position", "unit", "target"]),
+    "setting-divergence": (spec.setting_divergence, ["rank", "step", "micro_step", "unit",
+                                                     "target"]),
 }
 
 

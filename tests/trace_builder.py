@@ -127,6 +127,27 @@ class TraceBuilder:
             )
         )
 
+    def written(self, rank: int, step: int, unit: str, param: str, *, written: bool) -> None:
+        """A ``grads_written`` row: was the gradient held at the boundary written in the step."""
+        self.rows["grads_written"].append(dict(rank=rank, step=step, micro_step=0, unit=unit,
+                                               param=param, written=written))
+
+    def backward_grad(self, rank: int, step: int, micro_step: int, unit: str, param: str,
+                      state: str, *, via: str = "backward") -> None:
+        self.rows["backward_grads"].append(dict(
+            rank=rank, seq=self._next(rank), t_ns=0, step=step, micro_step=micro_step,
+            unit=unit, param=param, state=state, via=via))
+
+    def eval_forward(self, rank: int, step: int, unit: str) -> None:
+        """A unit forward without gradients in eval interval ``step``."""
+        self.rows["eval_forwards"].append(dict(rank=rank, seq=self._next(rank), t_ns=0,
+                                               step=step, unit=unit, grad_mode="no_grad"))
+
+    def setting(self, rank: int, step: int, micro_step: int, unit: str, setting: str,
+                value: str | None) -> None:
+        self.rows["settings"].append(dict(rank=rank, step=step, micro_step=micro_step,
+                                          unit=unit, setting=setting, value=value))
+
     def pending(
         self,
         rank: int,

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from fsdptrace.checks import (
     bypassed_unit,
+    eval_divergence,
+    gradient_divergence,
     order_instability,
     pending_all_gather,
     prefetch_config_divergence,
     prefetch_order,
     rank_divergence,
     redundant_prefetch,
+    setting_divergence,
     stalled_rank,
     wasted_prefetch,
 )
@@ -31,6 +34,9 @@ REGISTRY: tuple[Check, ...] = (
     order_instability.CHECK,
     wasted_prefetch.CHECK,
     redundant_prefetch.CHECK,
+    gradient_divergence.CHECK,
+    eval_divergence.CHECK,
+    setting_divergence.CHECK,
 )
 assert [c.number for c in REGISTRY] == sorted(c.number for c in REGISTRY)
 

@@ -19,15 +19,19 @@ SEVERITY = findings.ERROR
 
 
 def check(tables: RankTables) -> pd.DataFrame:
-    """Per rank and optimizer step: non-root units with gradients and no forward begin."""
+    """Per rank and optimizer step: non-root units whose parameters received a gradient in the
+    step (not a leftover buffer) though the unit began forward in none of its micro-steps."""
     grads = tables.gradients
     if not len(grads):
         return findings.empty()
     rank, step, unit = grads["rank"], grads["step"], grads["unit"]
-    bypassed = (received_gradient(tables) & ~is_root(tables, rank, unit)
-                & ~began_forward_in_step(tables, rank, step, unit))
+    bypassed = ~is_root(tables, rank, unit) & ~began_forward_in_step(tables, rank, step, unit)
+    if not bypassed.any():  # the usual step: every unit ran forward, no gradient to judge
+        return findings.empty()
+    bypassed &= received_gradient(tables)
     # A forward begin or a gradient the writer lost would read as a bypass: skip such steps.
-    bypassed &= ~incomplete.in_steps(tables.incomplete, ("events", "gradients"), rank, step)
+    bypassed &= ~incomplete.in_steps(tables.incomplete, ("events", "gradients", "grads_written"),
+                                     rank, step)
     if not bypassed.any():
         return findings.empty()
     return _report(grads.frame(np.flatnonzero(bypassed)))
@@ -44,7 +48,7 @@ def _report(bypassed: pd.DataFrame) -> pd.DataFrame:
         parameters=("param", lambda p: ", ".join(map(str, p))),
     ).reset_index()
     message = (grouped["unit"] + " did not run forward in any micro-step of the step"
-               + ", yet its parameters hold gradients at the optimizer boundary (" +
+               + ", yet its parameters received gradients during the step (" +
                grouped["parameters"] + "): its weights were used without its forward, so FSDP "
                + "never gathered/reduced them through the unit; call the module itself "
                + "instead of reaching into its parameters, or do not shard it separately")

@@ -3,13 +3,14 @@
 A per-rank check reads one rank's tables (``RankTables``: the map step, and the live option
 before ``optimizer.step()``); an across-ranks check reads what the map step kept of every rank
 (``Merged``: the reduce step). Adding a check is one module exporting ``CHECK`` plus its line in
-the registry (``fsdptrace.checks.REGISTRY``).
+the registry (``fsdptrace.checks.REGISTRY``); an across-ranks check that needs its own part of
+each rank names a ``summarize`` function, which the map step runs for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -38,6 +39,8 @@ class Merged:
     ranks: list[int]
     fetch_orders: Callable[[list[int], pd.DataFrame], pd.DataFrame]
     fetch_prefetch: Callable[[list[int]], pd.DataFrame]
+    # Per across-ranks check with a ``summarize``: every rank's summary, concatenated.
+    summaries: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class Check:
     summary: str
     run: Callable[[Any], pd.DataFrame]
     live: bool = False  # also run before optimizer.step() when raising is enabled
+    # Across-ranks checks that read more than ``Merged``'s shared summaries: what the map step
+    # keeps of one rank for this check (``Merged.summaries[name]`` in the reduce step).
+    summarize: Callable[[RankTables], pd.DataFrame] | None = None
 
     def run_per_rank(self, tables: RankTables) -> pd.DataFrame:
         assert self.scope == PER_RANK, self.name

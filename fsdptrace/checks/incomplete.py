@@ -17,7 +17,7 @@ markers frame over, and both end in ``parse``.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -26,6 +26,9 @@ import pyarrow.compute as pc
 
 from fsdptrace import schema
 from fsdptrace.errors import RunDirError
+
+if TYPE_CHECKING:
+    from fsdptrace.checks.tables import RankTables
 
 COLUMNS = ["rank", "table", "first_step", "first_micro_step", "last_step", "last_micro_step",
            "num_rows"]
@@ -136,3 +139,29 @@ def _inside(key: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     # After the running max, the last interval starting at or before a key reaches furthest.
     found = np.searchsorted(low, key, side="right") - 1
     return (found >= 0) & (key <= high[np.maximum(found, 0)])
+
+
+def cut_off_micro_steps(tables: RankTables) -> pd.DataFrame:
+    """Per rank whose ending is not clean: the micro-step its recording stopped in (``rank,
+    step, micro_step``) and the ``phase`` of its last event, i.e. the cut-off pass."""
+    from fsdptrace.checks.positions import last_positions
+
+    last = last_positions(tables.events)
+    stopped = last[~last["rank"].isin(list(tables.closed))]
+    return stopped[["rank", "step", "micro_step", "phase"]].astype(
+        {"rank": "int64", "step": "int64", "micro_step": "int64"}).reset_index(drop=True)
+
+
+def outside(frame: pd.DataFrame, cut: pd.DataFrame, table: str, ranges: pd.DataFrame
+            ) -> pd.DataFrame:
+    """Rows of ``frame`` (rank, step, micro_step) outside the ``cut`` micro-steps and outside
+    the micro-steps whose ``table`` rows the writer lost or ``reset_iter_state()`` aborted."""
+    if not len(frame):
+        return frame
+    rank, step = frame["rank"].to_numpy(), frame["step"].to_numpy()
+    micro = frame["micro_step"].to_numpy()
+    keep = ~in_micro_steps(ranges, (table,), rank, step, micro)
+    if len(cut):
+        mine = _keys(rank, step, micro)
+        keep &= ~np.isin(mine, _keys(cut["rank"], cut["step"], cut["micro_step"]))
+    return frame[keep]

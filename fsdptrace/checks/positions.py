@@ -80,7 +80,7 @@ def complete_positions(tables: RankTables) -> Positions:
     keep = _complete_rows(tables)
     rows = np.arange(len(events)) if keep is None else np.flatnonzero(keep)
     seq, ranks = events["seq"][rows], events["rank"][rows]
-    one_rank = len(_ranks(ranks)) <= 1
+    one_rank = len(distinct_ranks(ranks)) <= 1
     in_order = len(rows) < 2 or bool(
         (seq[1:] > seq[:-1]).all() if one_rank
         else ((ranks[1:] > ranks[:-1]) | ((ranks[1:] == ranks[:-1]) & (seq[1:] > seq[:-1]))).all())
@@ -97,7 +97,7 @@ def _complete_rows(tables: RankTables) -> np.ndarray | None:
     """Mask of events in complete orders, or None when every event is (the usual case)."""
     events = tables.events
     rank, step, micro = events["rank"], events["step"], events["micro_step"]
-    stalled = set(_ranks(rank)) - tables.closed
+    stalled = set(distinct_ranks(rank)) - tables.closed
     if not stalled and not len(tables.incomplete):
         return None
     keep = ~incomplete.in_micro_steps(tables.incomplete, ("events",), rank, step, micro)
@@ -108,7 +108,7 @@ def _complete_rows(tables: RankTables) -> np.ndarray | None:
     return None if keep.all() else keep
 
 
-def _ranks(rank: np.ndarray) -> list[int]:
+def distinct_ranks(rank: np.ndarray) -> list[int]:
     """Distinct ranks, sorted; the map step holds one, so that case skips hashing."""
     if not len(rank):
         return []
@@ -170,7 +170,7 @@ def last_positions(events: Columns) -> pd.DataFrame:
         return pd.DataFrame(columns=GROUP + ["unit", "position", "t_ns"])
     rank, seq = events["rank"], events["seq"]
     last, counts = [], []
-    for r in _ranks(rank):  # one rank per map step, a few in a Trace
+    for r in distinct_ranks(rank):  # one rank per map step, a few in a Trace
         mine = np.flatnonzero(rank == r)
         row = int(mine[np.argmax(seq[mine])])
         same = np.ones(len(mine), dtype=bool)

@@ -1,9 +1,13 @@
-"""Check 9, redundant-prefetch: a configured prefetch of a unit already gathered or pending.
+"""Check 9, redundant-prefetch: a configured prefetch that did nothing for a whole step.
 
 FSDP2's ``unshard()`` returns early when the group is unsharded or its all-gather is pending,
-so such an edge costs nothing but does nothing either: dead configuration that hides which
-edge really gathers the target. Only configured edges count (``issuer_kind == 'prefetch'``);
-FSDP2's implicit prefetch is not configuration. Needs the ``allgathers`` table.
+so such an edge costs nothing but does nothing either. An edge that was a no-op at every call
+of its source in every micro-step of an optimizer step is dead configuration that hides which
+edge really gathers the target; one that did its work in some micro-step is not. No-ops of a
+target that stays unsharded by design (``reshard_after_forward=False``,
+``reshard_after_backward=False`` during accumulation, from ``settings``) are not dead either.
+Only configured edges count (``issuer_kind == 'prefetch'``); FSDP2's implicit prefetch is not
+configuration. Needs the ``allgathers`` table.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
-from fsdptrace.checks.wasted_prefetch import call_label, issuer_text, plain, with_occurrence
+from fsdptrace.checks.settings import value_at
+from fsdptrace.checks.wasted_prefetch import issuer_text, plain, with_occurrence
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -25,33 +30,64 @@ _STATES = {"pending": "its all-gather was already pending", "unsharded": "it was
 
 
 def check(tables: RankTables) -> pd.DataFrame:
-    """No-op prefetches outside micro-steps the writer lost all-gather rows of."""
+    """Dead edges, outside optimizer steps the writer lost all-gather rows of."""
     if not tables.sizes["allgathers"]:
         return findings.empty()
-    found = redundant(tables.frame("allgathers"), tables.frame("events"))
-    return tables.drop_lost(found, "allgathers")
+    found = redundant(tables.frame("allgathers"), tables.frame("events"),
+                      settings=tables.frame("settings"))
+    return tables.drop_lost(found, "allgathers", whole_steps=True)
 
 
-def redundant(allgathers: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
-    """Every no-op prefetch by a configured edge, one finding per execution of the source."""
+_EDGE = ["rank", "step", "phase", "issuer_unit", "unit"]
+
+
+def redundant(allgathers: pd.DataFrame, events: pd.DataFrame, *,
+              settings: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One finding per (rank, step, edge) whose every prefetch attempt in the step was a no-op
+    FSDP2 made of a target gathered by something else."""
     if not len(allgathers):
         return findings.empty()
     rows = plain(allgathers)
-    noops = rows[(rows["event"] == "noop") & (rows["issuer_kind"] == "prefetch")
-                 & rows["detail"].isin(list(_STATES))]
+    tried = rows[(rows["issuer_kind"] == "prefetch") & rows["event"].isin(["issue", "noop"])]
+    noop = (tried["event"] == "noop") & tried["detail"].isin(list(_STATES))
+    noop &= ~_by_design(tried, settings if settings is not None else pd.DataFrame())
+    dead = noop.groupby([tried[c] for c in _EDGE]).transform("all")
+    noops = tried[noop & dead]
     if not len(noops):
         return findings.empty()
     noops = with_occurrence(_with_gatherer(noops, rows), events)
     gatherer = noops[["gatherer_kind", "gatherer_unit"]].set_axis(
         ["issuer_kind", "issuer_unit"], axis=1)
-    by = " (gathered by " + issuer_text(gatherer) + ")"
-    message = (call_label(noops) + " prefetched " + noops["unit"] + ", but "
-               + noops["detail"].map(_STATES) + by + ": FSDP2 made it a no-op; remove "
-               + noops["unit"] + " from " + noops["issuer_unit"] + "'s " + noops["phase"]
+    noops = noops.assign(by=issuer_text(gatherer), calls=noops["micro_step"].astype(str) + ":"
+                         + noops["occurrence"].astype(str))
+    edges = noops.sort_values("seq").groupby(_EDGE, sort=False).agg(
+        micro_step=("micro_step", "first"), detail=("detail", "first"),
+        num_calls=("calls", "nunique"), num_micro_steps=("micro_step", "nunique"),
+        by=("by", lambda b: ", ".join(dict.fromkeys(b)))).reset_index()
+    message = (edges["issuer_unit"] + "'s " + edges["phase"] + " prefetch of " + edges["unit"]
+               + " did nothing in step " + edges["step"].astype(str) + ": at all "
+               + edges["num_calls"].astype(str) + " call(s) of " + edges["issuer_unit"]
+               + " in " + edges["num_micro_steps"].astype(str) + " micro-step(s), "
+               + edges["detail"].map(_STATES) + " (gathered by " + edges["by"]
+               + "), so FSDP2 made it a no-op: dead configuration; remove " + edges["unit"]
+               + " from " + edges["issuer_unit"] + "'s " + edges["phase"]
                + " prefetch targets, or fix the edge that gathers it")
-    located = noops.assign(target=noops["unit"], unit=noops["issuer_unit"],
-                           call_index=noops["occurrence"])
+    located = edges.assign(target=edges["unit"], unit=edges["issuer_unit"])
     return findings.make(NAME, SEVERITY, located, message)
+
+
+def _by_design(tried: pd.DataFrame, settings: pd.DataFrame) -> pd.Series:
+    """No-ops of a target left unsharded on purpose: ``reshard_after_forward`` false (its
+    backward prefetch), ``reshard_after_backward`` false (the next micro-step's prefetches)."""
+    unsharded = tried["detail"] == "unsharded"
+    if not len(settings) or not unsharded.any():
+        return pd.Series(False, index=tried.index)
+    after_forward = value_at(settings, tried, "reshard_after_forward") == "false"
+    earlier = tried.assign(micro_step=(tried["micro_step"] - 1).clip(lower=0))
+    after_backward = ((value_at(settings, tried, "reshard_after_backward") == "false")
+                      | ((value_at(settings, earlier, "reshard_after_backward") == "false")
+                         & (tried["micro_step"] > 0)))
+    return unsharded & (after_forward | after_backward)
 
 
 def _with_gatherer(noops: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
@@ -66,7 +102,5 @@ def _with_gatherer(noops: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     return merged.drop(columns="gather_seq")
 
 
-# Version 2 reports an edge only when it was dead at every call in every micro-step of the
-# step; until the settings table exists (reshard_after_* by design) each no-op is reported.
 CHECK = Check(9, NAME, SEVERITY, PER_RANK,
-              "prefetch of a unit already gathered or pending (no-op)", check)
+              "prefetch edge that was a no-op for a whole optimizer step", check)

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from fsdptrace.checks.positions import Positions
     from fsdptrace.trace import Trace
 
+# Tables the checks read as pandas frames, whose sizes say whether to read them at all.
+SIZED = ("pending", "allgathers", "backward_grads", "eval_forwards", "settings")
 # Columns that name things (dictionary-encoded on disk): these become vocab codes.
 CODED = {name: [f.name for f in table if pa.types.is_dictionary(f.type)] + (
     ["unit"] if name == "units" else [])
@@ -46,6 +48,8 @@ class RankTables:
     # Micro-steps each table lost rows from (``incomplete.parse``); none on the live path,
     # which checks the recorder's own rows of the step, not what the writer kept.
     incomplete: pd.DataFrame = field(default_factory=incomplete.empty)
+    # Check 2: which gradients held at a boundary were written in the step (none: not known).
+    grads_written: Columns | None = None
     _cache: dict[str, pd.DataFrame] = field(default_factory=dict)
 
     def frame(self, table: str) -> pd.DataFrame:
@@ -114,8 +118,9 @@ class RankTables:
         return cls(vocab=vocab, events=_events(cols("events")), prefetch=cols("prefetch"),
                    gradients=cols("gradients"), units=cols("units"),
                    closed=_closed(get("markers")), frames=get,
-                   sizes={t: len(get(t)) for t in ("pending", "allgathers")},
-                   incomplete=incomplete.parse(get("markers")))
+                   sizes={t: len(get(t)) for t in SIZED},
+                   incomplete=incomplete.parse(get("markers")),
+                   grads_written=cols("grads_written"))
 
     def orders(self, wanted: pd.DataFrame) -> pd.DataFrame:
         """Positioned complete orders (``Positions.frame`` rows) of the ``wanted``
@@ -145,8 +150,9 @@ class RankTables:
                    gradients=Columns.from_arrow(tables["gradients"], vocab),
                    units=Columns.from_arrow(tables["units"], vocab, ["unit"]), closed=closed,
                    frames=frames,
-                   sizes={t: tables[t].num_rows for t in ("pending", "allgathers")},
-                   incomplete=incomplete.from_arrow(markers))
+                   sizes={t: tables[t].num_rows for t in SIZED},
+                   incomplete=incomplete.from_arrow(markers),
+                   grads_written=Columns.from_arrow(tables["grads_written"], vocab))
 
 
 def _empty(table: str) -> pa.Table:

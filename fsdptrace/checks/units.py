@@ -36,12 +36,27 @@ def began_forward_in_step(tables: RankTables, rank: np.ndarray, step: np.ndarray
 
 
 def received_gradient(tables: RankTables) -> np.ndarray:
-    """Per gradients row, whether the parameter held a gradient at the optimizer boundary.
+    """Per gradients row, whether the parameter received a gradient during its optimizer step.
 
-    Version 2 of the contract counts only gradients produced in the step; this is where the
-    gradients-received table will answer that once the recorder writes it.
+    A gradient held at the boundary counts only if it was written in the step (``grads_written``):
+    ``zero_grad(set_to_none=False)`` leaves zero-filled buffers that nothing of the step wrote.
+    Where a (rank, step) has no ``grads_written`` rows (older run dirs, a step whose start was
+    not recorded), holding a gradient is all there is to go on.
     """
-    return flag(tables.gradients["has_grad"])
+    grads, written = tables.gradients, tables.grads_written
+    held = flag(grads["has_grad"])
+    if written is None or not len(written):
+        return held
+    rank, step = grads["rank"], grads["step"]
+    asked, known = fold([[rank, written["rank"]], [step, written["step"]]])
+    unknown_step = ~np.isin(asked, known)
+    fresh = flag(written["written"])
+    # Labels are plain text (not vocab codes): one hash pass codes both tables' at once.
+    labels, _ = pd.factorize(np.concatenate([grads["param"], written["param"][fresh]]))
+    asked, wrote = fold([[rank, written["rank"][fresh]], [step, written["step"][fresh]],
+                         [grads["unit"], written["unit"][fresh]],
+                         [labels[:len(grads)], labels[len(grads):]]])
+    return held & (unknown_step | np.isin(asked, wrote))
 
 
 def flag(values: np.ndarray) -> np.ndarray:

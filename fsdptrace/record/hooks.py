@@ -33,9 +33,12 @@ def _make_unit_pre(rec: Recorder, unit: Any) -> Callable[..., None]:
 
     def unit_forward_pre_hook(module: Any, args: Any) -> None:
         try:
-            # Recompute re-enters forward during backward; it is not forward order.
-            if rec._recording and not rec._in_eval and not is_recompute(unit):
-                rec.record_unit(index, 0)
+            if rec._recording:
+                if rec._in_eval:
+                    rec.record_eval(index)
+                # Recompute re-enters forward during backward; it is not forward order.
+                elif not is_recompute(unit):
+                    rec.record_unit(index, 0)
         except Exception as error:
             rec.disable(f"forward pre-hook failed: {type(error).__name__}: {error}")
 
@@ -113,6 +116,7 @@ def install(rec: Recorder) -> list[Any]:
         handles.append(part.register_forward_pre_hook(_make_part_pre(rec, part_index),
                                                       prepend=True))
     handles.extend(_install_provenance(rec))
+    handles.extend(_install_backward_grads(rec))
     handles.extend(_install_endings(rec))
     return [h for h in handles if h is not None]
 
@@ -122,6 +126,14 @@ def _install_provenance(rec: Recorder) -> list[Any]:
         return rec.backend.install_provenance(rec)
     except Exception as error:
         rec.disable(f"cannot record all-gather provenance: {error}")
+        return []
+
+
+def _install_backward_grads(rec: Recorder) -> list[Any]:
+    try:
+        return rec.backend.install_backward_grads(rec)
+    except Exception as error:
+        rec.disable(f"cannot record gradients per unit backward: {error}")
         return []
 
 

@@ -91,9 +91,14 @@ def step_tables(rec: Recorder) -> RankTables:
         vocab=vocab, events=event_columns,
         prefetch=Columns.from_rows(_prefetch_rows(rec), schema.PREFETCH.names, vocab,
                                    CODED["prefetch"], rank),
-        # Only the unit is compared; grad_source stays text (one lookup less per parameter).
+        # Only the unit is coded; parameter labels and grad_source stay text (no lookup per
+        # parameter: check 2 compares labels only for units that did not run forward).
         gradients=Columns.from_rows(rec.boundary_gradients, schema.GRADIENTS.names, vocab,
                                     ["unit"], rank),
+        # Taken at this boundary from the step's first micro-step baseline, as the run dir's
+        # rows are: live and offline agree. None when the step's start was not recorded.
+        grads_written=Columns.from_rows(rec.boundary_written, schema.GRADS_WRITTEN.names,
+                                        vocab, CODED["grads_written"], rank),
         units=Columns.from_rows(units, ["unit", "is_root"], vocab, ["unit"], rank),
         closed={rank}, frames=frame,
         sizes={"pending": len(rec.boundary_pending), "allgathers": 0})
@@ -131,8 +136,21 @@ def step_trace(rec: Recorder) -> Trace:
                        [(0, 0, rec.step, rec.micro_step, schema.MARKER_CLOSE, 0, "")]),
         prefetch=_frame(rank, schema.PREFETCH.names, _prefetch_rows(rec)),
         gradients=_frame(rank, schema.GRADIENTS.names, rec.boundary_gradients),
+        grads_written=_frame(rank, schema.GRADS_WRITTEN.names, rec.boundary_written),
         pending=_frame(rank, schema.PENDING.names, rec.boundary_pending),
+        settings=_frame(rank, schema.SETTINGS.names, _settings_rows(rec)),
     )
+
+
+def _settings_rows(rec: Recorder) -> list[tuple]:
+    """Every unit's settings as last read, in effect now (what check 3 names as a cause).
+
+    Eval forwards are not kept on the recorder: live, a gather left by one is named by its
+    settings only; the run dir's analysis names the eval forward too.
+    """
+    return [(rec.step, rec.micro_step, unit.name, name, snapshots.setting_text(value))
+            for unit, row in zip(rec.units, rec.last_settings, strict=True) if row is not None
+            for name, value in zip(schema.SETTING_NAMES, row, strict=True)]
 
 
 def _prefetch_rows(rec: Recorder) -> list[tuple]:

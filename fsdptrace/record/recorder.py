@@ -102,10 +102,24 @@ class Recorder:
         assert isinstance(events, FixedTable)  # journal_format.FIXED_TABLES
         self.events = events
         self.markers = self.writer.buffer("markers")
+        # Parameters are coded by their position in the units' lists, all units in a row.
+        self.param_offsets = [0]
+        for u in self.units:
+            self.param_offsets.append(self.param_offsets[-1] + len(u.param_names))
+        self.backward_grads = self.writer.buffer("backward_grads", {
+            "unit": self.unit_names, "param": [p for u in self.units for p in u.param_names],
+            "state": schema.GRAD_STATES, "via": schema.GRAD_VIAS})
+        self.eval_forwards = self.writer.buffer("eval_forwards", {
+            "unit": self.unit_names, "grad_mode": schema.GRAD_MODES})
+        self.last_settings: list[tuple[object, ...] | None] = [None] * len(self.units)
+        self.settings_key: object = None  # the backend's raw settings at the last check
+        # (step, tokens per unit) taken at the step's first micro-step (``grads_written``).
+        self.grad_baseline: tuple[int, list[list[object]]] | None = None
         self.live_events: list[tuple] | None = [] if raise_on_violation else None
         # The last boundary snapshot's rows (schema.GRADIENTS / schema.PENDING order).
         self.boundary_gradients: list[tuple] = []
         self.boundary_pending: list[tuple] = []
+        self.boundary_written: list[tuple] = []
         if self.writer.init_error is not None:
             self._on_writer_failure(self.writer.init_error)
         self._write_static_tables(steps)
@@ -260,6 +274,28 @@ class Recorder:
             self.live_events.append((seq, t_ns, self.step, self.micro_step, phase_code,
                                      unit_index))
 
+    def record_eval(self, unit_index: int) -> None:
+        """A unit forward with gradients disabled: its own table, never a micro-step's order."""
+        self._seq = seq = self._seq + 1
+        mode = 1 if torch.is_inference_mode_enabled() else 0
+        self.eval_forwards.append((seq, time.monotonic_ns(), self.step, unit_index, mode))
+
+    def record_backward_grads(self, unit_index: int, first: int, states: list[int],
+                              via: int) -> None:
+        """One unit post-backward's parameter states (``schema.BACKWARD_GRADS``), written
+        before the backend calls through to the reduce-scatter; settings too if changed."""
+        offset = self.param_offsets[unit_index]
+        limit = self.param_offsets[unit_index + 1]
+        step, micro_step, append = self.step, self.micro_step, self.backward_grads.append
+        t_ns = time.monotonic_ns()
+        seq = self._seq
+        for position, state in enumerate(states, offset + first):
+            seq += 1
+            append((seq, t_ns, step, micro_step, unit_index,
+                    position if position < limit else -1, state, via))
+        self._seq = seq
+        snapshots.record_unit_settings_if_changed(self, self.units[unit_index])
+
     def on_part_forward(self, part: int) -> bool:
         """Called first at each part root forward; returns False for eval forwards."""
         if not torch.is_grad_enabled():
@@ -288,6 +324,9 @@ class Recorder:
         if self._recording:
             self._mark(schema.MARKER_MICRO_STEP, 0, "")
             self._guard("prefetch edges", snapshots.record_prefetch_if_changed, self)
+            self._guard("settings", snapshots.record_settings_if_changed, self)
+            if self.grad_baseline is None or self.grad_baseline[0] != self.step:
+                self._guard("gradient baseline", snapshots.take_grad_baseline, self)
 
     def _mark(self, kind: str, count: int, detail: str) -> None:
         self.markers.append(

@@ -1,16 +1,20 @@
 """What the recorder reads from the backend at boundaries (not per event).
 
-Prefetch edges are read at each micro-step begin and written only when they changed; gradient
-presence and pending all-gathers are read right before ``optimizer.step()``.
+Prefetch edges and settings are read at each micro-step begin and written only when they
+changed (settings also at each unit post-backward); gradient tokens at a step's first
+micro-step; gradient presence, what the step wrote, and pending all-gathers right before
+``optimizer.step()``.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from fsdptrace import schema
 
 if TYPE_CHECKING:
+    from fsdptrace.record.backends.base import Unit
     from fsdptrace.record.recorder import Recorder
 
 
@@ -49,18 +53,72 @@ def record_prefetch_if_changed(rec: Recorder) -> None:
 def record_boundary(rec: Recorder) -> None:
     """Per unit: which managed parameters hold a gradient, and every pending all-gather.
 
-    The rows are also kept on the recorder (``boundary_gradients``/``boundary_pending``)
+    The rows are also kept on the recorder (``boundary_gradients``/``_pending``/``_written``)
     for the live checks, which run on this very snapshot right after it is taken. The
     backend's answers are tuples: a stored row is the (step, micro_step, unit) head plus one.
     """
     gradients_of, pending_of = rec.backend.gradients, rec.backend.pending_all_gathers
     gradients: list[tuple] = []
     pending: list[tuple] = []
+    written: list[tuple] = []
     step, micro_step = rec.step, rec.micro_step
+    baseline = rec.grad_baseline[1] if rec.grad_baseline and rec.grad_baseline[0] == step else None
     for unit in rec.units:
         head = (step, micro_step, unit.name)
-        gradients.extend([head + g for g in gradients_of(unit)])
+        presence = gradients_of(unit)
+        gradients.extend([head + g for g in presence])
         pending.extend([head + p for p in pending_of(unit)])
+        if baseline is not None:
+            before, now = baseline[unit.index], rec.backend.grad_tokens(unit)
+            written.extend([head + (g.param, b != n) for g, b, n in zip(
+                presence, before, now, strict=False) if g.has_grad])
     rec.boundary_gradients, rec.boundary_pending = gradients, pending
+    rec.boundary_written = written
     rec.writer.buffer("gradients").extend(gradients)
     rec.writer.buffer("pending").extend(pending)
+    rec.writer.buffer("grads_written").extend(written)
+
+
+def take_grad_baseline(rec: Recorder) -> None:
+    """Every managed parameter's gradient token, at the step's first micro-step begin: after
+    the previous step's ``zero_grad``, before anything of this step can write a gradient."""
+    rec.grad_baseline = (rec.step, [rec.backend.grad_tokens(unit) for unit in rec.units])
+
+
+def setting_text(value: object) -> str | None:
+    """A setting as the ``settings.value`` column holds it (JSON); None when unreadable."""
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        value = list(value)
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return json.dumps(str(value))
+
+
+def record_settings_if_changed(rec: Recorder) -> None:
+    """At each micro-step begin: rows for every unit setting that changed since last written.
+
+    The backend's raw key is compared first, as for prefetch edges: most micro-steps change
+    nothing, and then no unit's row is built.
+    """
+    key = rec.backend.settings_key(rec.units)
+    if key is not None and key == rec.settings_key:
+        return
+    for unit in rec.units:
+        record_unit_settings_if_changed(rec, unit)
+    rec.settings_key = key
+
+
+def record_unit_settings_if_changed(rec: Recorder, unit: Unit) -> None:
+    row = rec.backend.settings_row(unit)
+    last = rec.last_settings[unit.index]
+    if row == last:
+        return
+    rec.last_settings[unit.index] = row
+    rec.settings_key = None  # changed outside a micro-step begin: compare rows next time
+    rows = [(rec.step, rec.micro_step, unit.name, name, setting_text(value))
+            for i, (name, value) in enumerate(zip(schema.SETTING_NAMES, row, strict=True))
+            if last is None or last[i] != value]
+    rec.writer.buffer("settings").extend(rows)

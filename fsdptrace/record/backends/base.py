@@ -90,6 +90,29 @@ class Backend(Protocol):
         """All-gathers of ``unit`` issued and not yet consumed, read without touching them."""
         ...
 
+    def grad_tokens(self, unit: Unit) -> list[object]:
+        """Per managed parameter (``gradients`` order): a value that changes whenever its
+        gradient is written or replaced, None without one. Compared between a step's first
+        micro-step and its boundary, it tells a gradient of this step from a leftover buffer.
+        """
+        ...
+
+    def settings_row(self, unit: Unit) -> tuple[object, ...]:
+        """The unit's settings in ``schema.SETTING_NAMES`` order; None where unreadable."""
+        ...
+
+    def settings_key(self, units: Sequence[Unit]) -> Any:
+        """Every unit's raw settings, cheap to compare with ``==``; None: always changed.
+
+        Lets the per-micro-step settings check skip building rows when nothing changed.
+        """
+        ...
+
+    def install_backward_grads(self, rec: Recorder) -> list[InstanceAttributePatch]:
+        """Call ``rec.record_backward_grads`` at each unit post-backward, before its
+        reduce-scatter is issued, with every managed parameter's state; [] if unknown."""
+        ...
+
     def is_recompute(self, unit: Unit) -> bool:
         """True while activation-checkpoint recompute re-runs forward inside backward."""
         ...

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
+from fsdptrace import schema
 from fsdptrace.record.backends.base import (
     GradientPresence,
     InstanceAttributePatch,
@@ -31,6 +32,7 @@ from fsdptrace.record.backends.base import (
     unit_name,
     untracked_name,
 )
+from fsdptrace.record.backends.fsdp2.grads import BACKWARD, grad_token, param_states
 
 if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder
@@ -188,6 +190,33 @@ class HSDPBackend:
         values["mesh_shape"] = tuple(int(n) for n in shape) if shape is not None else None
         return values
 
+    def settings_row(self, unit: Unit) -> tuple[object, ...]:
+        """``settings`` in ``schema.SETTING_NAMES`` order; HSDP has no
+        ``reduce_scatter_unused_params`` (None: unused parameters are skipped on every rank)."""
+        values = self.settings(unit)
+        return tuple(values.get(name) for name in schema.SETTING_NAMES)
+
+    @staticmethod
+    def settings_key(units: Sequence[Unit]) -> None:
+        return None  # read every unit's settings at each micro-step
+
+    def grad_tokens(self, unit: Unit) -> list[object]:
+        """hyper_parallel keeps gradients under FSDP2's names (``sharded_param.grad``,
+        ``_unsharded_param.grad``, ``unsharded_accumulated_grad``); ``main_grad`` is not read."""
+        return [grad_token(p) for p, _ in self._params.get(unit.index, ())]
+
+    def install_backward_grads(self, rec: Recorder) -> list[InstanceAttributePatch]:
+        """Wrap each unit's ``hsdp_state.post_backward`` (called from the unit's backward hook,
+        before its reduce-scatter); HSDP calls it only for units that ran backward."""
+        patches = []
+        for unit in rec.units:
+            state = getattr(unit.handle, "hsdp_state", None)
+            if state is not None and callable(getattr(state, "post_backward", None)):
+                params = [p for p, _ in self._params.get(unit.index, ())]
+                patches.append(InstanceAttributePatch(state, {
+                    "post_backward": _wrap_post_backward(rec, unit.index, state, params)}))
+        return patches
+
     def is_recompute(self, unit: Unit) -> bool:
         # Recompute is a forward inside autograd's backward. The reference reads
         # scheduler_ctx.root_bp_state, which hyper_parallel 0.1 does not have (it keeps a
@@ -224,6 +253,23 @@ class HSDPBackend:
         warnings.warn(f"fsdptrace: HSDP unit {unit.name} has no {missing}, so {what} cannot "
                       "be recorded (a hyper_parallel release that keeps them elsewhere?); "
                       "training goes on", RuntimeWarning, stacklevel=3)
+
+
+def _wrap_post_backward(rec: Recorder, unit: int, state: Any, params: list[Any]) -> Any:
+    original = state.post_backward
+    kept: list[tuple[int, int, int] | None] = [None] * len(params)
+
+    def post_backward(*args: Any) -> Any:
+        if rec._recording:
+            try:
+                reduce = bool(getattr(state, "reduce_grads", True))
+                rec.record_backward_grads(unit, 0, param_states(params, kept, rec.step, reduce,
+                                                                False), BACKWARD)
+            except Exception as error:
+                rec.disable(f"backward gradients failed: {type(error).__name__}: {error}")
+        return original(*args)
+
+    return post_backward
 
 
 def _param_label(hsdp_param: Any, index: int, fqn_of: dict[int, str]) -> str:

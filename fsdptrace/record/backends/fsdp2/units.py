@@ -25,7 +25,7 @@ from fsdptrace.record.backends.base import (
     unit_name,
     untracked_name,
 )
-from fsdptrace.record.backends.fsdp2 import provenance
+from fsdptrace.record.backends.fsdp2 import grads, provenance
 from fsdptrace.record.backends.fsdp2.state import fsdp_state, param_groups
 
 if TYPE_CHECKING:
@@ -83,6 +83,8 @@ class FSDP2Backend:
         # the parameter groups. FSDP2 builds both once, at fully_shard / lazy init.
         self._labelled_params: dict[int, list[tuple[Any, _Answers]]] = {}
         self._groups: dict[int, list[Any]] = {}
+        self._mesh_shapes: dict[int, tuple[int, ...] | None] = {}
+        self._settings_sources: tuple[list[Any], list[Any]] | None = None
 
     def discover_units(self, parts: Sequence[nn.Module]) -> list[Unit]:
         units: list[Unit] = []
@@ -163,6 +165,32 @@ class FSDP2Backend:
         """
         grad_source = _grad_source
         return [answers[grad_source(p)] for p, answers in self._params_of(unit)]
+
+    def grad_tokens(self, unit: Unit) -> list[object]:
+        token = grads.grad_token
+        return [token(p) for p, _ in self._params_of(unit)]
+
+    def settings_row(self, unit: Unit) -> tuple[object, ...]:
+        return grads.settings_row(unit.handle, self._mesh_shapes)
+
+    def settings_key(self, units: Sequence[Unit]) -> list[Any] | None:
+        """The group attributes behind every setting (one C-level pass) and each root's
+        ``is_last_backward``; None before lazy init or if torch moved them."""
+        if self._settings_sources is None:
+            first = [g[0] for g in map(param_groups, [u.handle for u in units]) if g]
+            by_id = {id(c): c for c in (getattr(u.handle, "_state_ctx", None) for u in units)
+                     if c is not None}
+            if not first or not by_id:
+                return None
+            self._settings_sources = (first, list(by_id.values()))
+        groups, contexts = self._settings_sources
+        try:
+            return [*map(grads.group_settings, groups), *(c.is_last_backward for c in contexts)]
+        except AttributeError:
+            return None
+
+    def install_backward_grads(self, rec: Recorder) -> list[InstanceAttributePatch]:
+        return grads.install(rec)
 
     def _params_of(self, unit: Unit) -> list[tuple[Any, _Answers]]:
         cached = self._labelled_params.get(unit.index)
