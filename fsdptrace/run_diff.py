@@ -117,6 +117,7 @@ class RunDiff:
     micro_step_a: MicroStep
     micro_step_b: MicroStep
     paired_by_rank: bool
+    ranks: tuple[int, ...]  # run A's ranks compared with their counterparts
     units: tuple[UnitChange, ...]
     orders: tuple[OrderChange, ...]
     prefetch: tuple[EdgeChange, ...]
@@ -162,6 +163,7 @@ def diff(run_a: str | os.PathLike[str] | Trace, run_b: str | os.PathLike[str] | 
         run_a=str(a.run_dir), run_b=str(b.run_dir),
         world_size_a=a.world_size, world_size_b=b.world_size,
         micro_step_a=at_a, micro_step_b=at_b, paired_by_rank=by_rank,
+        ranks=tuple(r for r, _, _ in pairs if r is not None),
         units=_merged(pairs, _unit_changes),
         orders=_merged(pairs, _order_changes),
         prefetch=_merged(pairs, _edge_changes),
@@ -222,7 +224,8 @@ def _order_changes(a: RankView, b: RankView) -> list[OrderChange]:
         order_b = orders_b.get(phase, ())
         if order_a == order_b:
             continue
-        position = next((i for i, (x, y) in enumerate(zip(order_a, order_b)) if x != y),
+        pairs = zip(order_a, order_b, strict=False)  # the shorter order ends the comparison
+        position = next((i for i, (x, y) in enumerate(pairs) if x != y),
                         min(len(order_a), len(order_b)))
         changes.append(OrderChange(
             phase, position,
@@ -272,7 +275,9 @@ def finding_changes(findings_a: pd.DataFrame, findings_b: pd.DataFrame
                        axis=1).fillna(0).astype(int)
     counts = counts[(counts["a"] == 0) != (counts["b"] == 0)]
     changes = [
-        FindingChange("appeared" if count_a == 0 else "disappeared", *key, count_a, count_b)
+        FindingChange("appeared" if count_a == 0 else "disappeared", check=key[0],
+                      severity=key[1], unit=key[2], target=key[3], count_a=int(count_a),
+                      count_b=int(count_b))
         for key, count_a, count_b in zip(counts.index, counts["a"], counts["b"], strict=True)
     ]
     # Errors that appeared are what a CI gate is for; they come first.
