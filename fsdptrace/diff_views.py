@@ -7,6 +7,7 @@ their world sizes differ.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -142,6 +143,26 @@ def rank_view(trace: Trace, rank: int, at: MicroStep) -> RankView:
         settings=_settings(_of_rank(trace.settings, rank), at) if len(trace.settings) else None,
         gathered=(_gathered(_of_rank(trace.allgathers, rank), at)
                   if len(trace.allgathers) else None),
+    )
+
+
+def renamed(view: RankView, names: dict[str, str]) -> RankView:
+    """``view`` with units renamed by ``names`` (new name -> old) wherever they appear."""
+    if not names:
+        return view
+
+    def name(unit: str) -> str:
+        return names.get(unit, unit)
+
+    return dataclasses.replace(
+        view,
+        units=tuple((name(u[0]), *u[1:]) for u in view.units),
+        orders=None if view.orders is None else tuple(
+            (phase, tuple(name(u) for u in order)) for phase, order in view.orders),
+        edges=None if view.edges is None else frozenset(
+            (name(u), p, name(t)) for u, p, t in view.edges),
+        settings=None if view.settings is None else tuple(
+            ((name(u), s), v) for (u, s), v in view.settings),
     )
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import pandas as pd
 
@@ -24,6 +23,7 @@ from fsdptrace.diff_views import (
     choose_micro_step,
     most_common,
     rank_view,
+    renamed,
 )
 from fsdptrace.errors import UsageError
 from fsdptrace.record.steps import parse_steps
@@ -135,7 +135,6 @@ class RunDiff:
 
 
 Pair = tuple[int | None, RankView, RankView]
-R = TypeVar("R")
 
 
 def diff(run_a: str | os.PathLike[str] | Trace, run_b: str | os.PathLike[str] | Trace,
@@ -159,31 +158,40 @@ def diff(run_a: str | os.PathLike[str] | Trace, run_b: str | os.PathLike[str] | 
     else:
         pairs = [(None, most_common(list(views_a.values())),
                   most_common(list(views_b.values())))]
+    changes = _merged([(rank, _pair_changes(va, vb)) for rank, va, vb in pairs])
     return RunDiff(
         run_a=str(a.run_dir), run_b=str(b.run_dir),
         world_size_a=a.world_size, world_size_b=b.world_size,
         micro_step_a=at_a, micro_step_b=at_b, paired_by_rank=by_rank,
         ranks=tuple(r for r, _, _ in pairs if r is not None),
-        units=_merged(pairs, _unit_changes),
-        orders=_merged(pairs, _order_changes),
-        prefetch=_merged(pairs, _edge_changes),
-        settings=_merged(pairs, _setting_changes),
+        units=tuple(changes["units"]), orders=tuple(changes["orders"]),
+        prefetch=tuple(changes["prefetch"]), settings=tuple(changes["settings"]),
         findings=finding_changes(analyze(a), analyze(b)),
-        allgather_bytes=_merged(pairs, _bytes_changes),
+        allgather_bytes=tuple(changes["allgather_bytes"]),
     )
 
 
-def _merged(pairs: list[Pair], changes: Callable[[RankView, RankView], Iterable[R]]
-            ) -> tuple[R, ...]:
-    """One record per change, naming every rank that shows it, in first-seen order."""
-    ranks: dict[R, list[int]] = {}
-    for rank, view_a, view_b in pairs:
-        for change in changes(view_a, view_b):
-            ranks.setdefault(change, [])
-            if rank is not None:
-                ranks[change].append(rank)
-    return tuple(dataclasses.replace(c, ranks=tuple(r))  # type: ignore[type-var]
-                 for c, r in ranks.items())
+def _pair_changes(a: RankView, b: RankView) -> dict[str, list[Any]]:
+    """One rank against its counterpart; B's likely-renamed units take A's names first, so a
+    rename is reported once, not again as changed orders, edges and settings."""
+    units = _unit_changes(a, b)
+    b = renamed(b, {c.new_name: c.unit for c in units if c.new_name is not None})
+    # Settings of an added or removed unit are that unit's change, not one of their own.
+    common = {u[0] for u in a.units} & {u[0] for u in b.units}
+    return {"units": units, "orders": _order_changes(a, b), "prefetch": _edge_changes(a, b),
+            "settings": _setting_changes(a, b, common), "allgather_bytes": _bytes_changes(a, b)}
+
+
+def _merged(pairs: list[tuple[int | None, dict[str, list[Any]]]]) -> dict[str, list[Any]]:
+    """One record per change and section, naming every rank that shows it, first seen first."""
+    merged: dict[str, list[Any]] = {}
+    for name in SECTIONS:
+        ranks: dict[Any, list[int]] = {}
+        for rank, changes in pairs:
+            for change in changes.get(name, []):
+                ranks.setdefault(change, []).extend([] if rank is None else [rank])
+        merged[name] = [dataclasses.replace(c, ranks=tuple(r)) for c, r in ranks.items()]
+    return merged
 
 
 def _unit_changes(a: RankView, b: RankView) -> list[UnitChange]:
@@ -242,14 +250,14 @@ def _edge_changes(a: RankView, b: RankView) -> list[EdgeChange]:
             + [EdgeChange("added", *e) for e in sorted(b.edges - a.edges)])
 
 
-def _setting_changes(a: RankView, b: RankView) -> list[SettingChange]:
+def _setting_changes(a: RankView, b: RankView, units: set[str]) -> list[SettingChange]:
     if a.settings is None or b.settings is None:
         return []
     values_a, values_b = dict(a.settings), dict(b.settings)
     return [SettingChange(unit, setting, values_a.get((unit, setting)),
                           values_b.get((unit, setting)))
             for unit, setting in sorted(values_a.keys() | values_b.keys())
-            if values_a.get((unit, setting)) != values_b.get((unit, setting))]
+            if unit in units and values_a.get((unit, setting)) != values_b.get((unit, setting))]
 
 
 def _bytes_changes(a: RankView, b: RankView) -> list[BytesChange]:
