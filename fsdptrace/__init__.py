@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from fsdptrace.analysis import analyze, incomplete_ranges
     from fsdptrace.record.attach import attach
     from fsdptrace.record.recorder import Recorder
+    from fsdptrace.run_diff import RunDiff, diff
     from fsdptrace.trace import Trace, load
 
 _LAZY = {
@@ -25,17 +26,21 @@ _LAZY = {
     "Trace": ("fsdptrace.trace", "Trace"),
     "analyze": ("fsdptrace.analysis", "analyze"),
     "incomplete_ranges": ("fsdptrace.analysis", "incomplete_ranges"),
+    "diff": ("fsdptrace.run_diff", "diff"),
+    "RunDiff": ("fsdptrace.run_diff", "RunDiff"),
 }
 
 __all__ = [
     "FsdptraceError",
     "LifecycleError",
     "Recorder",
+    "RunDiff",
     "RunDirError",
     "Trace",
     "__version__",
     "analyze",
     "attach",
+    "diff",
     "incomplete_ranges",
     "load",
 ]

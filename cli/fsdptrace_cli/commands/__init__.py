@@ -6,7 +6,7 @@ import importlib
 
 import click
 
-_MODULES = ("record", "analyze", "summary", "export", "suggest", "report")
+_MODULES = ("record", "analyze", "summary", "export", "suggest", "report", "diff")
 
 
 def _load() -> list[click.Command]:
