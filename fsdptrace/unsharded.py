@@ -27,7 +27,7 @@ _PASS = ["rank", "step", "micro_step", "phase"]
 TIMELINE_COLUMNS = ["rank", "seq", "t_ns", "step", "micro_step", "phase", "unit", "group",
                     "event", "num_bytes", "held_bytes"]
 PEAK_COLUMNS = [*_PASS, "peak_bytes", "floor_bytes", "excess_bytes", "peak_units",
-                "held_from_earlier"]
+                "held_from_earlier", "largest_earlier_unit"]
 
 
 def timeline(allgathers: pd.DataFrame) -> pd.DataFrame:
@@ -56,11 +56,13 @@ class _Holding:
     since: tuple  # (step, micro_step, phase) of the issue
 
 
-def peaks(allgathers: pd.DataFrame) -> pd.DataFrame:
+def peaks(allgathers: pd.DataFrame, *, by_design: frozenset[str] = frozenset()
+          ) -> pd.DataFrame:
     """Per pass: the peak of bytes held, the units making it up, the floor and the excess.
 
     ``held_from_earlier`` names the units at the peak whose gather was issued in an earlier
-    pass, with that pass: the usual cause of an excess.
+    pass, with that pass: the usual cause of an excess. Units in ``by_design`` (a root FSDP2
+    keeps unsharded from forward into backward) count toward the floor when held from earlier.
     """
     rows = _lifecycle(allgathers)
     out = []
@@ -81,8 +83,11 @@ def peaks(allgathers: pd.DataFrame) -> pd.DataFrame:
                 best[where] = (total, list(state.values()))
         floors = _floors(allgathers[allgathers["rank"] == rank])
         for where, (peak, holding) in best.items():
-            floor = floors.get(where, 0)
             earlier = [h for h in holding if h.since != where]
+            floor = floors.get(where, 0) + sum(h.num_bytes for h in earlier
+                                               if h.unit in by_design)
+            causes = sorted((h for h in earlier if h.unit not in by_design),
+                            key=lambda h: -h.num_bytes)
             out.append({
                 "rank": int(rank), "step": where[0], "micro_step": where[1], "phase": where[2],
                 "peak_bytes": peak, "floor_bytes": floor, "excess_bytes": max(0, peak - floor),
@@ -91,6 +96,7 @@ def peaks(allgathers: pd.DataFrame) -> pd.DataFrame:
                 "held_from_earlier": ",".join(
                     f"{h.unit} (since step {h.since[0]}, micro-step {h.since[1]}, "
                     f"{h.since[2]})" for h in earlier),
+                "largest_earlier_unit": causes[0].unit if causes else None,
             })
     frame = pd.DataFrame(out, columns=PEAK_COLUMNS)
     order = frame["phase"].map({"forward": 0, "backward": 1})

@@ -4,7 +4,7 @@ What FSDP2 2.13 does here (recorded, then asserted): with the default ``reshard_
 each unit's parameters are all-gathered at its forward and resharded right after it, so the
 forward holds one unit at a time; in backward the running unit is held while FSDP2's implicit
 prefetch gathers the next, so two units. With ``reshard_after_forward=False`` the forward never
-reshards: the four units pile up to 4 x 16,640 bytes and stay held into backward, where each is
+reshards: the four units pile up to 4 x 1,050,624 bytes and stay held into backward, where each is
 resharded after its own backward.
 """
 
@@ -19,7 +19,7 @@ from tests.jobs import assert_ok, run_ranks
 
 pytestmark = pytest.mark.slow
 
-UNIT_BYTES = (64 * 64 + 64) * 4  # Linear(64, 64) in float32, gathered whole
+UNIT_BYTES = (512 * 512 + 512) * 4  # Linear(512, 512) in float32, gathered whole
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +72,15 @@ def test_chrome_trace_has_a_bytes_counter_per_rank(runs: Path) -> None:
     assert {e["pid"] for e in counters} == {0, 1}
     assert max(e["args"]["bytes"] for e in counters) == 4 * UNIT_BYTES
     assert all(e["ts"] >= 0 for e in counters)
+
+
+def test_unsharded_excess_warns_with_its_cause_and_not_on_the_default(runs: Path) -> None:
+    """Check 13: the kept forward parameters are 3 units above the floor on every pass."""
+    assert not len(fsdptrace.analyze(runs / "default", checks=["unsharded-excess"]))
+    found = fsdptrace.analyze(runs / "keep", checks=["unsharded-excess"])
+    assert set(found["severity"]) == {"warning"}
+    assert sorted(zip(found["rank"], found["step"], strict=True)) == [
+        (0, 0), (0, 1), (1, 0), (1, 1)]  # one per rank and step: its worst pass
+    assert set(found["bytes"]) == {3 * UNIT_BYTES}
+    message = found["message"].iloc[0]
+    assert "reshard_after_forward=False" in message and "held from an earlier pass" in message

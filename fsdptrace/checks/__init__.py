@@ -19,6 +19,7 @@ from fsdptrace.checks import (
     redundant_prefetch,
     setting_divergence,
     stalled_rank,
+    unsharded_excess,
     wasted_prefetch,
 )
 from fsdptrace.checks.contract import ACROSS_RANKS, PER_RANK, Check
@@ -37,6 +38,7 @@ REGISTRY: tuple[Check, ...] = (
     gradient_divergence.CHECK,
     eval_divergence.CHECK,
     setting_divergence.CHECK,
+    unsharded_excess.CHECK,
 )
 assert [c.number for c in REGISTRY] == sorted(c.number for c in REGISTRY)
 
