@@ -84,3 +84,15 @@ def test_unsharded_excess_warns_with_its_cause_and_not_on_the_default(runs: Path
     assert set(found["bytes"]) == {3 * UNIT_BYTES}
     message = found["message"].iloc[0]
     assert "reshard_after_forward=False" in message and "held from an earlier pass" in message
+
+
+def test_report_has_the_memory_view(runs: Path, tmp_path: Path) -> None:
+    from fsdptrace.render.html_report import render
+
+    trace = fsdptrace.load(runs / "keep")
+    out = tmp_path / "report.html"
+    with out.open("w") as handle:
+        render(trace, fsdptrace.analyze(trace), handle, run_dir=str(runs / "keep"))
+    page = out.read_text()
+    assert 'id="memory"' in page and page.count('<svg class="memory"') == 2
+    assert "4.01 MiB" in page and "1.00 MiB" in page  # peak and floor of each rank

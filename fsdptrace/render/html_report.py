@@ -23,6 +23,7 @@ from fsdptrace.checks import CHECKS
 from fsdptrace.checks import rank_divergence as rank_divergence_check
 from fsdptrace.checks import stalled_rank as stalled_rank_check
 from fsdptrace.render.folding import fold, rank_ranges
+from fsdptrace.render.memory_view import memory_view
 from fsdptrace.render.text import location, verdict
 from fsdptrace.trace import Trace
 
@@ -344,5 +345,6 @@ def render(
         data_json=jinja2.utils.markupsafe.Markup(script_json(data)),
         num_embedded=len(data["steps"]),
         num_steps=data["num_steps"],
+        memory=memory_view(trace.allgathers),
     )
     out.write(page)

@@ -1,0 +1,61 @@
+"""The report's memory view: unsharded parameter bytes over time, per rank, as inline SVG.
+
+Drawn here (no script): a step line per rank from the unsharded-memory ledger
+(``fsdptrace.unsharded``), the ranks with the highest peaks first, each with its peak and the
+floor its worst pass needed. Parameter memory as FSDP holds it, not the allocator's view.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+import pandas as pd
+
+from fsdptrace import unsharded
+
+MAX_RANKS = 8
+WIDTH, HEIGHT = 640, 60
+
+
+def memory_view(allgathers: pd.DataFrame, *, max_ranks: int = MAX_RANKS) -> dict[str, Any]:
+    """``{"rows": [...], "hidden": n}``; each row: rank, peak and floor text, an SVG string."""
+    ledger = unsharded.timeline(allgathers)
+    if not len(ledger):
+        return {"rows": [], "hidden": 0}
+    peaks = unsharded.peaks(allgathers)
+    worst = peaks.sort_values("peak_bytes", kind="stable").groupby("rank").tail(1)
+    worst = worst.sort_values(["peak_bytes", "rank"], ascending=[False, True])
+    top = int(worst["peak_bytes"].max()) or 1
+    rows = []
+    for row in worst.head(max_ranks).itertuples(index=False):
+        mine = ledger[ledger["rank"] == row.rank]
+        rows.append({
+            "rank": int(row.rank),
+            "peak": _mib(row.peak_bytes),
+            "floor": _mib(row.floor_bytes),
+            "where": f"step {int(row.step)}, micro-step {int(row.micro_step)}, {row.phase}",
+            "units": str(row.peak_units),
+            "svg": _svg(mine["t_ns"].astype("int64").tolist(),
+                        mine["held_bytes"].astype("int64").tolist(), top),
+        })
+    return {"rows": rows, "hidden": max(0, len(worst) - max_ranks)}
+
+
+def _svg(times: list[int], held: list[int], top: int) -> str:
+    """A step line of ``held`` over ``times``, scaled to ``top`` bytes."""
+    start, end = times[0], max(times[-1], times[0] + 1)
+    points = []
+    level = float(HEIGHT)  # nothing held before the first row
+    for t, value in zip(times, held, strict=True):
+        x = (t - start) / (end - start) * WIDTH
+        points.append(f"{x:.1f},{level:.1f}")
+        level = HEIGHT - value / top * HEIGHT
+        points.append(f"{x:.1f},{level:.1f}")
+    return (f'<svg class="memory" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" '
+            f'height="{HEIGHT}" role="img"><polyline fill="none" stroke="currentColor" '
+            f'points="{escape(" ".join(points))}"/></svg>')
+
+
+def _mib(num_bytes: object) -> str:
+    return f"{int(num_bytes) / 2**20:.2f} MiB"  # type: ignore[call-overload]
