@@ -28,7 +28,8 @@ LAUNCH_PATTERN = re.compile(r"^launch-(\d+)$")
 # What a recording leaves in its run dir: schema.TABLES and journal_format.JOURNAL_DIR
 # (tests keep the two lists equal; importing them here would import pyarrow).
 RECORDING_ENTRIES = ("meta", "units", "events", "markers", "prefetch", "gradients", "pending",
-                     "allgathers", "findings", "journal")
+                     "allgathers", "findings", "backward_grads", "grads_written",
+                     "eval_forwards", "settings", "journal")
 
 MODES = ("new", "force", "append")
 
