@@ -22,6 +22,10 @@ from fsdptrace import analysis, chunk_gaps, reader
 from fsdptrace.checks import resolve
 from fsdptrace.errors import FsdptraceError
 
+# How long to wait for a scheduler to answer: ``FSDPTRACE_DASK_CONNECT_TIMEOUT`` (seconds).
+CONNECT_TIMEOUT_ENV = "FSDPTRACE_DASK_CONNECT_TIMEOUT"
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
+
 INSTALL_HINT = ("--scheduler needs Dask distributed, which is not installed: "
                 "pip install 'fsdptrace[dask]'")
 
@@ -35,11 +39,18 @@ def _client(scheduler: Any) -> Any:
     if isinstance(scheduler, Client):
         return scheduler
     try:
-        return Client(scheduler, timeout="30s")
+        return Client(scheduler, timeout=f"{_connect_timeout_s()}s")
     except OSError as error:
         raise FsdptraceError(
             f"cannot reach the Dask scheduler at {scheduler} ({error}); is it running, and "
             "is the address tcp://HOST:PORT?") from None
+
+
+def _connect_timeout_s() -> float:
+    try:
+        return max(0.1, float(os.environ.get(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S)))
+    except ValueError:
+        return DEFAULT_CONNECT_TIMEOUT_S
 
 
 def analyze_distributed(run_dir: str | os.PathLike[str], scheduler: Any,

@@ -66,8 +66,11 @@ def test_cli_scheduler_option(run_dir: Path, scheduler: str) -> None:
     assert remote.output == local.output
 
 
-def test_unreachable_scheduler_is_one_line(run_dir: Path) -> None:
-    from fsdptrace.distributed import analyze_distributed
+def test_unreachable_scheduler_is_one_line(run_dir: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    from fsdptrace.distributed import CONNECT_TIMEOUT_ENV, analyze_distributed
+
+    monkeypatch.setenv(CONNECT_TIMEOUT_ENV, "2")  # nobody listens on port 1: fail fast
 
     with pytest.raises(fsdptrace.FsdptraceError, match="cannot reach the Dask scheduler"):
         analyze_distributed(run_dir, "tcp://127.0.0.1:1")

@@ -20,7 +20,7 @@ from fsdptrace.trace import Trace
 from tests import spec_checks as spec
 from tests.trace_builder import ROOT, TraceBuilder
 
-SEEDS = range(80)
+SEEDS = range(40)
 NAMES = ["a", "b", "c", "d", "e"]
 
 
