@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import pandas as pd
 
-from fsdptrace import schema
+from fsdptrace import schema, unsharded
 from fsdptrace.errors import RunDirError
 from fsdptrace.record.steps import StepWindow
 from fsdptrace.trace import Trace
@@ -26,7 +26,8 @@ UnitRow = tuple[str, str, int, int, tuple[str, ...]]
 Edge = tuple[str, str, str]  # (unit, phase, target)
 Orders = tuple[tuple[str, tuple[str, ...]], ...]  # (phase, units in order)
 Settings = tuple[tuple[tuple[str, str], str], ...]  # ((unit, setting), JSON value)
-Gathered = tuple[tuple[str, int], ...]  # (phase, bytes all-gathered)
+# (phase, bytes all-gathered), then ("<phase> peak unsharded", bytes held at the pass's peak)
+Gathered = tuple[tuple[str, int], ...]
 
 V = TypeVar("V", bound=Hashable)
 
@@ -127,7 +128,11 @@ def _gathered(allgathers: pd.DataFrame, at: MicroStep) -> Gathered | None:
         return None
     issued = rows[rows["event"] == "issue"]
     sums = issued.groupby("phase", observed=True)["num_bytes"].sum()
-    return tuple((phase, int(sums.get(phase, 0))) for phase in schema.PHASES)
+    # The ledger replays the rank's whole history: a pass inherits what earlier ones held.
+    peaks = _at(unsharded.peaks(allgathers), at).set_index("phase")["peak_bytes"]
+    return (tuple((phase, int(sums.get(phase, 0))) for phase in schema.PHASES)
+            + tuple((f"{phase} peak unsharded", int(peaks.get(phase, 0)))
+                    for phase in schema.PHASES))
 
 
 def _of_rank(frame: pd.DataFrame, rank: int) -> pd.DataFrame:

@@ -124,9 +124,12 @@ def _floors(allgathers: pd.DataFrame) -> dict[tuple, int]:
 
 
 def _lifecycle(allgathers: pd.DataFrame) -> pd.DataFrame:
-    if not len(allgathers):
+    """Issues, reshards and drops in order; none for a run recorded before reshards were (its
+    holds would never end)."""
+    events = allgathers["event"].astype(str) if len(allgathers) else pd.Series(dtype=str)
+    if not (events == "reshard").any():
         return pd.DataFrame(columns=TIMELINE_COLUMNS[:-1])
-    rows = allgathers[allgathers["event"].astype(str).isin([_HOLD, *_FREE])].copy()
+    rows = allgathers[events.isin([_HOLD, *_FREE])].copy()
     for column in ("phase", "unit", "event"):
         rows[column] = rows[column].astype(str)
     return rows.sort_values(["rank", "seq"], kind="stable")[TIMELINE_COLUMNS[:-1]]

@@ -96,3 +96,19 @@ def test_report_has_the_memory_view(runs: Path, tmp_path: Path) -> None:
     page = out.read_text()
     assert 'id="memory"' in page and page.count('<svg class="memory"') == 2
     assert "4.01 MiB" in page and "1.00 MiB" in page  # peak and floor of each rank
+
+
+def test_diff_reports_the_peak_of_each_phase(runs: Path) -> None:
+    changes = {c.phase: (c.bytes_a, c.bytes_b)
+               for c in fsdptrace.diff(runs / "default", runs / "keep").allgather_bytes}
+    assert changes["forward peak unsharded"] == (UNIT_BYTES, 4 * UNIT_BYTES)
+    assert changes["backward peak unsharded"] == (2 * UNIT_BYTES, 4 * UNIT_BYTES)
+
+
+def test_a_run_recorded_before_reshards_has_no_ledger(runs: Path) -> None:
+    """Without ``reshard`` rows a hold would never end: no ledger rather than a wrong one."""
+    trace = fsdptrace.load(runs / "keep")
+    older = trace.allgathers[trace.allgathers["event"] != "reshard"]
+    from fsdptrace import unsharded
+
+    assert not len(unsharded.timeline(older)) and not len(unsharded.peaks(older))

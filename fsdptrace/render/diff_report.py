@@ -28,7 +28,7 @@ TITLES = {
     "prefetch": "Prefetch edges",
     "settings": "Settings",
     "findings": "Findings",
-    "allgather_bytes": "Bytes all-gathered per micro-step",
+    "allgather_bytes": "Bytes all-gathered, and peak unsharded parameter bytes, per micro-step",
 }
 
 
