@@ -89,6 +89,8 @@ def gap_markers(parts: dict[str, list[Path]], rank: int, *, last_step: int, t_ns
             try:
                 spans[path] = _step_span(pq.ParquetFile(path).metadata)
             except (pa.ArrowException, OSError) as error:
+                if not path.exists():
+                    continue  # a writer's compaction replaced it after we listed: not damage
                 reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
                 note(SkippedChunk(path, table, rank, reason))
                 bad[path] = table

@@ -28,7 +28,9 @@ def _markers(run_dir: Path) -> object:
     """A rank stopped by a signal leaves its ending in the journal (see ``read_folded``)."""
     return read_folded(run_dir, "markers", [0, 1])
 
-pytestmark = pytest.mark.slow
+# A chunk a dead rank's writer process compacted away while we read is not damage.
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("error::fsdptrace.chunk_gaps.SkippedChunkWarning")]
 
 SCRIPT = "tests/jobs_scripts/ending_job.py"
 
