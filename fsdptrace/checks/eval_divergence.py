@@ -15,7 +15,7 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.order import majority
+from fsdptrace.checks.order import outside_majority
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -81,12 +81,9 @@ def compare(intervals: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
         return findings.empty()
     group = ["unit_set", "step"]
     rows = intervals.merge(unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
-    rows = rows[rows.groupby(group)["rank"].transform("size") >= 2]
-    if not len(rows) or not rows["interval"].str.len().any():
+    if not rows["interval"].str.len().any():
         return findings.empty()
-    best = majority(rows, group, "interval").rename(columns={"interval": "reference"})
-    rows = rows.merge(best, on=group)
-    differs = rows[rows["interval"] != rows["reference"]]
+    differs = outside_majority(rows, group, "interval")
     if not len(differs):
         return findings.empty()
     return _report(differs.sort_values(["step", "rank"]).reset_index(drop=True))

@@ -63,6 +63,18 @@ def majority(groups: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
     return counts.drop_duplicates(keys, keep="first")
 
 
+def outside_majority(rows: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
+    """Rows of groups that two or more ranks share whose ``value`` differs from the group's
+    most common one (``majority``), which each keeps as ``reference``: the divergence checks'
+    comparison."""
+    rows = rows[rows.groupby(keys)["rank"].transform("size") >= 2]
+    if not len(rows):
+        return rows.assign(reference=pd.Series(dtype=object))
+    best = majority(rows, keys, value).rename(columns={value: "reference"})
+    rows = rows.merge(best, on=keys)
+    return rows[rows[value] != rows["reference"]]
+
+
 def progress_key(step: pd.Series, micro_step: pd.Series, phase: pd.Series,
                  position: pd.Series) -> pd.Series:
     """A sortable number for how far a rank got (step, micro-step, phase, position)."""

@@ -18,7 +18,7 @@ from fsdptrace.checks import findings, incomplete
 from fsdptrace.checks.columns import fold
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
 from fsdptrace.checks.keys import step_key
-from fsdptrace.checks.order import majority
+from fsdptrace.checks.order import outside_majority
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -91,12 +91,7 @@ def compare(summary: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
         return findings.empty()
     group = ["unit_set", *_SLOT]
     values = values.merge(unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
-    values = values[values.groupby(group)["rank"].transform("size") >= 2]
-    if not len(values):
-        return findings.empty()
-    best = majority(values, group, "value").rename(columns={"value": "reference"})
-    values = values.merge(best, on=group)
-    differs = values[values["value"] != values["reference"]]
+    differs = outside_majority(values, group, "value")
     if not len(differs):
         return findings.empty()
     return _report(differs.sort_values(["step", "micro_step", "rank", "unit", "setting"])
