@@ -1,4 +1,6 @@
-"""The Chrome trace export on real recordings: structure Perfetto accepts, and findings in place."""
+"""The Chrome trace export on real recordings: conventional Trace Event JSON that Perfetto
+imports, unit slices only where an end was recorded, all-gather flows, a bytes-held counter per
+rank, an epoch clock, and findings in place."""
 
 from __future__ import annotations
 
@@ -7,13 +9,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import pytest
+
 import fsdptrace
-from fsdptrace.render.chrome_trace import write_chrome_trace
+from fsdptrace import unsharded
+from fsdptrace.render.chrome_trace import COUNTER, write_chrome_trace
+from fsdptrace.render.wall_clock import shifts
 
 REQUIRED = {"X": {"name", "ph", "ts", "dur", "pid", "tid"},
             "i": {"name", "ph", "ts", "pid", "tid", "s"},
-            "M": {"name", "ph", "pid", "args"},
-            "C": {"name", "ph", "ts", "pid", "args"}}
+            "M": {"name", "ph", "pid", "tid", "args"},
+            "C": {"name", "ph", "ts", "pid", "tid", "args"},
+            "s": {"name", "cat", "ph", "ts", "pid", "tid", "id"},
+            "f": {"name", "cat", "ph", "ts", "pid", "tid", "id", "bp"}}
+EPOCH_2020_US = 1_577_836_800 * 10**6
 
 
 def export(run_dir: Path) -> tuple[fsdptrace.Trace, Any, dict[str, Any]]:
@@ -29,22 +39,125 @@ def of(doc: dict[str, Any], ph: str, cat: str | None = None) -> list[dict[str, A
             if e["ph"] == ph and (cat is None or e.get("cat", "").startswith(cat))]
 
 
-def test_structure(scenario_runs: Path) -> None:
-    trace, _, doc = export(scenario_runs / "clean")
+def epoch_us(trace: fsdptrace.Trace, rank: int, t_ns: int) -> float:
+    return (t_ns + shifts(trace.meta)[rank]) / 1000.0
+
+
+@pytest.mark.parametrize("name", ["clean", "clean-reentrant-checkpoint", "killed-rank"])
+def test_conventional_trace_event_json(scenario_runs: Path, name: str) -> None:
+    trace, _, doc = export(scenario_runs / name)
     for event in doc["traceEvents"]:
         assert REQUIRED[event["ph"]] <= set(event), event
+        assert type(event["pid"]) is int and type(event["tid"]) is int, event
     names = {e["pid"]: e["args"]["name"] for e in of(doc, "M") if e["name"] == "process_name"}
     assert names == {0: "rank 0", 1: "rank 1"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in of(doc, "M")
                if e["name"] == "thread_name"}
-    assert {threads[(0, 1)], threads[(0, 2)]} == {"forward", "backward"}
-    slices = of(doc, "X")
-    assert len(slices) == len(trace.events)
-    assert {e["pid"] for e in slices} == {0, 1}
-    assert all(e["dur"] > 0 and e["ts"] >= 0 for e in slices)
-    assert min(e["ts"] for e in doc["traceEvents"] if "ts" in e) == 0
+    assert {threads[(0, 1)], threads[(0, 2)], threads[(0, 3)]} == {
+        "forward", "backward", "all-gathers"}
+    used = {(e["pid"], e["tid"]) for e in doc["traceEvents"] if e["ph"] != "M"}
+    assert used <= set(threads), "every track in use has a name"
+    units = of(doc, "X", "unit") + of(doc, "i", "unit")
+    assert len(units) == len(trace.events)
     assert len(of(doc, "i", "boundary")) == len(trace.markers)
-    assert of(doc, "i", "finding") == []
+
+
+def test_timestamps_are_epoch_microseconds_from_the_anchor(scenario_runs: Path) -> None:
+    trace, _, doc = export(scenario_runs / "clean")
+    anchors = doc["otherData"]["wall_clock_anchors"]
+    assert set(anchors) == {"0", "1"} and doc["otherData"]["ranks_without_anchor"] == []
+    assert "baseTimeNanoseconds" in doc["otherData"]["clock"]
+    for rank in (0, 1):
+        mine = trace.events[trace.events["rank"] == rank]
+        anchor = anchors[str(rank)]
+        first = int(mine["t_ns"].min()) + anchor["wall_anchor_ns"] - anchor["mono_anchor_ns"]
+        starts = [e["ts"] for e in of(doc, "X", "unit") + of(doc, "i", "unit")
+                  if e["pid"] == rank]
+        assert min(starts) == pytest.approx(first / 1000.0, abs=0.5)
+        assert min(starts) > EPOCH_2020_US
+    # Both ranks ran on this host at the same time: their clocks agree to well under a second.
+    firsts = [min(e["ts"] for e in of(doc, "X", "unit") if e["pid"] == r) for r in (0, 1)]
+    assert abs(firsts[0] - firsts[1]) < 1e6
+
+
+def test_unit_slices_end_only_where_an_end_was_recorded(scenario_runs: Path) -> None:
+    trace, _, doc = export(scenario_runs / "clean")
+    reshards = trace.allgathers[trace.allgathers["event"].astype(str) == "reshard"]
+    forward_ends = {(int(r), str(u), epoch_us(trace, int(r), int(t))) for r, u, t in zip(
+        reshards["rank"], reshards["unit"], reshards["t_ns"], strict=True)}
+    grads = trace.backward_grads
+    backward_ends = {(int(r), str(u), epoch_us(trace, int(r), int(t))) for r, u, t in zip(
+        grads["rank"], grads["unit"], grads["t_ns"], strict=True)}
+    slices = of(doc, "X", "unit")
+    assert slices
+    for event in slices:
+        phase, end = event["args"]["phase"], event["args"]["end"]
+        ends = forward_ends if phase == "forward" else backward_ends
+        assert end == ("post-forward reshard" if phase == "forward" else "post-backward")
+        near = [t for r, u, t in ends if r == event["pid"] and u == event["name"]
+                and abs(t - (event["ts"] + event["dur"])) < 1.0]
+        assert near, f"no recorded end for {event}"
+    instants = of(doc, "i", "unit")
+    # The root keeps its parameters after forward: nothing marks its forward's end.
+    assert {(e["name"], e["args"]["phase"], e["args"]["end"]) for e in instants} == {
+        ("<root>", "forward", "none recorded")}
+    assert len(instants) == int(((trace.events["unit"] == "<root>")
+                                 & (trace.events["phase"] == "forward")).sum())
+    assert doc["otherData"]["num_unit_instants"] == len(instants)
+
+
+def test_a_unit_that_never_ended_is_an_instant(scenario_runs: Path) -> None:
+    """Rank 1 was killed after its forward; rank 0 entered backward and blocked there."""
+    _, _, doc = export(scenario_runs / "killed-rank")
+    units = of(doc, "X", "unit") + of(doc, "i", "unit")
+    last = {pid: max((e for e in units if e["pid"] == pid), key=lambda e: e["ts"])
+            for pid in (0, 1)}
+    assert (last[0]["ph"], last[0]["args"]["phase"], last[0]["args"]["end"]) == (
+        "i", "backward", "none recorded")
+    assert (last[1]["ph"], last[1]["args"]["end"]) == ("X", "post-forward reshard")
+
+
+def test_all_gathers_flow_from_issue_to_consume(scenario_runs: Path) -> None:
+    trace, _, doc = export(scenario_runs / "wrong-forward-prefetch")
+    gathers = of(doc, "X", "all-gather")
+    issues = trace.allgathers[trace.allgathers["event"].astype(str) == "issue"]
+    assert len(gathers) == len(issues)
+    starts, ends = of(doc, "s", "all-gather"), of(doc, "f", "all-gather")
+    assert len(starts) == len(ends) == doc["otherData"]["num_all_gather_flows"] > 0
+    by_id = {e["id"]: e for e in ends}
+    assert len(by_id) == len(ends) and {e["id"] for e in starts} == set(by_id)
+    slices = of(doc, "X", "unit")
+    for start in starts:
+        end = by_id[start["id"]]
+        assert (end["pid"], end["cat"], end["name"]) == (start["pid"], "all-gather",
+                                                         "all-gather")
+        gather = next(g for g in gathers if (g["pid"], g["tid"], g["ts"])
+                      == (start["pid"], start["tid"], start["ts"]))
+        assert gather["args"]["ended_by"] == "consume"
+        assert end["ts"] == pytest.approx(gather["ts"] + gather["dur"], abs=0.5)
+        consumer = [s for s in slices if (s["pid"], s["tid"], s["name"])
+                    == (end["pid"], end["tid"], gather["args"]["unit"])
+                    and s["ts"] <= end["ts"] <= s["ts"] + s["dur"]]
+        assert len(consumer) == 1, (start, end)
+    prefetched = [g for g in gathers if g["args"]["issued_by"] == "prefetch (layers.2)"]
+    assert {g["name"] for g in prefetched} == {"all-gather layers.1"}
+    # Gathers in flight at the same time never share a track.
+    for pid in (0, 1):
+        for tid in {g["tid"] for g in gathers if g["pid"] == pid}:
+            lane = sorted((g["ts"], g["ts"] + g["dur"]) for g in gathers
+                          if (g["pid"], g["tid"]) == (pid, tid))
+            assert all(a[1] <= b[0] + 0.5 for a, b in zip(lane, lane[1:], strict=False))
+
+
+def test_bytes_held_counter_per_rank(scenario_runs: Path) -> None:
+    trace, _, doc = export(scenario_runs / "clean")
+    counters = [e for e in of(doc, "C") if e["name"] == COUNTER]
+    ledger = unsharded.timeline(trace.allgathers)
+    assert {e["pid"] for e in counters} == {0, 1}
+    for rank in (0, 1):
+        mine = [e["args"]["bytes"] for e in counters if e["pid"] == rank]
+        expected = ledger.loc[ledger["rank"] == rank, "held_bytes"].tolist()
+        assert mine == expected and max(mine) > 0 and mine[-1] == 0
 
 
 def test_findings_sit_on_the_event_they_name(scenario_runs: Path) -> None:
@@ -52,7 +165,7 @@ def test_findings_sit_on_the_event_they_name(scenario_runs: Path) -> None:
     assert len(of(doc, "i", "finding")) == len(findings)
     instants = [e for e in of(doc, "i", "finding") if e["name"].startswith("prefetch-order")]
     assert len(instants) == 12
-    begins = {(e["pid"], e["ts"]) for e in of(doc, "X")
+    begins = {(e["pid"], e["ts"]) for e in of(doc, "X", "unit")
               if e["name"] == "layers.2" and e["tid"] == 1}
     assert {(e["pid"], e["ts"]) for e in instants} == begins
     assert all(e["name"] == "prefetch-order: layers.2 -> layers.1" for e in instants)
@@ -62,6 +175,20 @@ def test_stalled_rank_finding_at_its_last_event(scenario_runs: Path) -> None:
     _, findings, doc = export(scenario_runs / "killed-rank")
     stalled = [e for e in of(doc, "i", "finding") if e["name"].startswith("stalled-rank")]
     assert len(stalled) == (findings["check"] == "stalled-rank").sum() >= 1
-    last = {pid: max(e["ts"] for e in of(doc, "X") if e["pid"] == pid) for pid in (0, 1)}
+    units = of(doc, "X", "unit") + of(doc, "i", "unit")
+    last = {pid: max(e["ts"] for e in units if e["pid"] == pid) for pid in (0, 1)}
     for event in stalled:  # where it stopped: the last unit it entered
         assert event["ts"] == last[event["pid"]]
+
+
+def test_run_without_provenance_has_units_and_no_gathers() -> None:
+    from tests.test_report import synthetic_trace
+
+    trace = synthetic_trace(num_ranks=2, num_units=3)
+    trace.meta["wall_anchor_ns"] = 1_700_000_000 * 10**9
+    trace.meta["mono_anchor_ns"] = 0
+    out = io.StringIO()
+    write_chrome_trace(trace, pd.DataFrame(columns=fsdptrace.analyze(trace).columns), out)
+    doc = json.loads(out.getvalue())
+    assert of(doc, "X") == [] and len(of(doc, "i", "unit")) == len(trace.events)
+    assert doc["otherData"]["num_all_gathers"] == 0

@@ -1,10 +1,15 @@
-"""A run as Chrome Trace Event JSON, to see units, boundaries and findings on a timeline.
+"""A run as Chrome Trace Event JSON, to see units, all-gathers, memory and findings on a timeline.
 
-Opens in Perfetto UI (ui.perfetto.dev) and chrome://tracing: one process per rank, one track
-per phase. The recorder keeps only when each unit *began* a phase, so a unit's slice lasts
-until the rank's next recorded begin or boundary: the gaps and overlaps a person looks for
-(a rank that stalls, a unit that takes long before the next one starts) stay visible.
-Findings are instant events at the event they point to, so a finding sits where it happened.
+Opens in Perfetto UI (ui.perfetto.dev) and chrome://tracing: one process per rank (``pid`` =
+rank) with a track per phase, one per concurrent all-gather and a bytes-held counter. What is
+drawn is what was recorded, nothing stretched to fill a gap:
+
+- a unit is a slice from its begin to its own end where the recording has one (post-forward
+  reshard, post-backward; ``unit_spans``), otherwise an instant; ``args.end`` says which;
+- each all-gather is a slice from issue to consume on an all-gather track, with a flow arrow
+  from the issue to the consuming unit's slice (``gathers``);
+- ``ts`` is microseconds since the Unix epoch (``wall_clock``), the clock torch.profiler's
+  trace is on once its ``baseTimeNanoseconds`` is added, so the two files line up.
 """
 
 from __future__ import annotations
@@ -12,21 +17,29 @@ from __future__ import annotations
 import json
 from typing import Any, TextIO
 
-import numpy as np
 import pandas as pd
 
 from fsdptrace import schema, unsharded
+from fsdptrace.render import wall_clock
+from fsdptrace.render.chrome_findings import finding_instants
+from fsdptrace.render.gathers import gathers, lanes
+from fsdptrace.render.unit_spans import NO_END, unit_spans
 from fsdptrace.trace import Trace
 
 TRACKS = {"boundaries": 0, schema.FORWARD: 1, schema.BACKWARD: 2}
-# Narrowing keys, most precise first: a finding lands on the first event that matches.
-_FINDING_KEYS = (
-    ["rank", "step", "micro_step", "phase", "unit"],
-    ["rank", "step", "micro_step", "phase"],
-    ["rank", "step", "micro_step"],
-    ["rank", "step"],
-)
-_MIN_DURATION_US = 1.0
+GATHER_TRACK = 3  # first all-gather track; one more per gather in flight at the same time
+COUNTER = "unsharded parameter bytes"
+FLOW_CATEGORY = "all-gather"
+CLOCK = ("ts: microseconds since the Unix epoch, each rank's monotonic t_ns shifted by its "
+         "wall_anchor_ns - mono_anchor_ns (meta). A torch.profiler (Kineto) trace writes ts "
+         "relative to its top-level baseTimeNanoseconds: add baseTimeNanoseconds / 1000 to "
+         "its ts to put it on this clock.")
+GATHERS = ("each all-gather is a slice from its issue to its first consume (else the reshard "
+           "or drop that ended it) on an 'all-gathers' track, with a flow (s/f) from the issue "
+           "to the consuming unit's slice where that slice is recorded.")
+SPANS = ("unit slices ('X') run from the unit's begin to its own recorded end: the "
+         "post-forward reshard, the post-backward; where none is recorded the begin is an "
+         "instant ('i'). args.end names which.")
 
 
 def write_chrome_trace(trace: Trace, findings: pd.DataFrame, out: TextIO) -> None:
@@ -37,46 +50,34 @@ def write_chrome_trace(trace: Trace, findings: pd.DataFrame, out: TextIO) -> Non
 
 def chrome_trace(trace: Trace, findings: pd.DataFrame) -> dict[str, Any]:
     """The Trace Event document as a dict (``traceEvents`` plus run facts in ``otherData``)."""
-    events = _with_time(trace.events, trace.meta)
-    markers = _with_time(trace.markers, trace.meta)
-    ledger = _with_time(unsharded.timeline(trace.allgathers), trace.meta)
-    origin = _origin(events, markers, ledger)
-    events = events.assign(ts=(events["t_wall"] - origin) / 1000.0)
-    markers = markers.assign(ts=(markers["t_wall"] - origin) / 1000.0)
-    ranks = sorted(set(trace.ranks) | _finding_ranks(findings))
-    records = (_metadata(ranks) + _unit_slices(events, markers) + _boundaries(markers)
-               + _finding_instants(findings, events)
-               + _unsharded_counter(ledger, origin))
+    shift = wall_clock.shifts(trace.meta)
+    spans = unit_spans(trace.events, trace.allgathers, trace.backward_grads)
+    spans["ts"] = wall_clock.epoch_us(spans["t_ns"], spans["rank"], shift)
+    flights = gathers(trace.allgathers)
+    ranks = sorted(set(trace.ranks) | {int(r) for r in findings["rank"].dropna()})
+    gather_records, num_flows, num_lanes = _gathers(flights, spans, shift)
+    records = (_metadata(ranks, num_lanes) + _units(spans)
+               + _boundaries(trace.markers, shift) + gather_records
+               + _counter(unsharded.timeline(trace.allgathers), shift)
+               + finding_instants(findings, spans, TRACKS))
+    num_spans = int((spans["end_kind"] != NO_END).sum()) if len(spans) else 0
     return {
         "traceEvents": records,
         "displayTimeUnit": "ms",
-        "otherData": {"run_dir": str(trace.run_dir), "world_size": trace.world_size,
-                      "num_findings": len(findings)},
+        "otherData": {
+            "run_dir": str(trace.run_dir), "world_size": trace.world_size,
+            "num_findings": len(findings),
+            "clock": CLOCK, "wall_clock_anchors": wall_clock.anchors(trace.meta),
+            "ranks_without_anchor": [r for r in ranks if r not in shift],
+            "unit_spans": SPANS, "num_unit_spans": num_spans,
+            "num_unit_instants": len(spans) - num_spans,
+            "num_all_gathers": len(flights), "num_all_gather_flows": num_flows,
+            "all_gathers": GATHERS,
+        },
     }
 
 
-def _with_time(frame: pd.DataFrame, meta: pd.DataFrame) -> pd.DataFrame:
-    """Add ``t_wall``: monotonic ``t_ns`` shifted by each rank's wall-clock anchor.
-
-    Monotonic clocks of different hosts share no origin; the anchors the recorder wrote at
-    start put every rank on one wall-clock axis. Ranks without meta keep their raw clock.
-    """
-    anchors = meta.drop_duplicates("rank")[["rank", "wall_anchor_ns", "mono_anchor_ns"]]
-    merged = frame.merge(anchors, on="rank", how="left")
-    shift = (merged["wall_anchor_ns"] - merged["mono_anchor_ns"]).fillna(0).astype("int64")
-    return merged.assign(t_wall=merged["t_ns"].astype("int64") + shift)
-
-
-def _origin(*frames: pd.DataFrame) -> int:
-    times = pd.concat([frame["t_wall"] for frame in frames])
-    return int(times.min()) if len(times) else 0
-
-
-def _finding_ranks(findings: pd.DataFrame) -> set[int]:
-    return {int(r) for r in findings["rank"].dropna()} if len(findings) else set()
-
-
-def _metadata(ranks: list[int]) -> list[dict[str, Any]]:
+def _metadata(ranks: list[int], num_lanes: dict[int, int]) -> list[dict[str, Any]]:
     """Process and track names, so Perfetto shows "rank 0 / forward" instead of numbers."""
     records: list[dict[str, Any]] = []
     for rank in ranks:
@@ -84,116 +85,118 @@ def _metadata(ranks: list[int]) -> list[dict[str, Any]]:
                         "args": {"name": f"rank {rank}"}})
         records.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
                         "args": {"sort_index": rank}})
-        for name, tid in TRACKS.items():
+        names = dict(TRACKS)
+        for lane in range(num_lanes.get(rank, 0)):
+            names["all-gathers" + (f" {lane + 1}" if lane else "")] = GATHER_TRACK + lane
+        for name, tid in names.items():
             records.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
                             "args": {"name": name}})
+            records.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                            "args": {"sort_index": tid}})
     return records
 
 
-def _unit_slices(events: pd.DataFrame, markers: pd.DataFrame) -> list[dict[str, Any]]:
-    """One "X" slice per unit begin, ending at the rank's next begin or boundary."""
-    if not len(events):
-        return []
-    stops = pd.concat([events[["rank", "ts"]], markers[["rank", "ts"]]], ignore_index=True)
-    stops = stops.sort_values(["rank", "ts"], kind="stable")
-    ordered = events.sort_values(["rank", "ts"], kind="stable")
-    # For each begin, the first stop strictly later on the same rank.
-    nxt = pd.merge_asof(ordered.assign(ts_key=ordered["ts"] + 1e-3).sort_values("ts_key"),
-                        stops.rename(columns={"ts": "end"}).assign(
-                            ts_key=lambda f: f["end"]).sort_values("ts_key"),
-                        on="ts_key", by="rank", direction="forward")
-    duration = (nxt["end"] - nxt["ts"]).fillna(_MIN_DURATION_US)
-    frame = pd.DataFrame({
-        "ph": "X", "cat": "unit", "name": nxt["unit"].astype(str),
-        "pid": nxt["rank"].astype("int64"),
-        "tid": nxt["phase"].astype(str).map(TRACKS).fillna(0).astype("int64"),
-        "ts": nxt["ts"].astype(float).round(3),
-        "dur": np.maximum(duration.astype(float), _MIN_DURATION_US).round(3),
-        "step": nxt["step"].astype("int64"), "micro_step": nxt["micro_step"].astype("int64"),
-    })
-    return [_with_args(r, ("step", "micro_step")) for r in frame.to_dict("records")]
+def _units(spans: pd.DataFrame) -> list[dict[str, Any]]:
+    """A slice per unit begin that has its own end; an instant per begin that has none."""
+    records = []
+    for row in spans.itertuples(index=False):
+        record: dict[str, Any] = {
+            "cat": "unit", "name": str(row.unit), "pid": int(row.rank),
+            "tid": TRACKS.get(str(row.phase), 0), "ts": float(row.ts),
+            "args": {"step": int(row.step), "micro_step": int(row.micro_step),
+                     "phase": str(row.phase), "end": str(row.end_kind)},
+        }
+        if pd.isna(row.end_ns):
+            record.update(ph="i", s="t")
+        else:
+            record.update(ph="X", dur=(int(row.end_ns) - int(row.t_ns)) / 1000.0)
+        records.append(record)
+    return records
 
 
-def _unsharded_counter(ledger: pd.DataFrame, origin: int) -> list[dict[str, Any]]:
-    """A counter track per rank: bytes of all-gathered parameters held (``unsharded``)."""
-    if not len(ledger):
-        return []
-    frame = pd.DataFrame({
-        "ph": "C", "name": "unsharded parameter bytes", "pid": ledger["rank"].astype("int64"),
-        "ts": ((ledger["t_wall"] - origin) / 1000.0).astype(float).round(3),
-    })
-    held = ledger["held_bytes"].astype("int64").tolist()
-    return [{**record, "args": {"bytes": value}}
-            for record, value in zip(frame.to_dict("records"), held, strict=True)]
-
-
-def _boundaries(markers: pd.DataFrame) -> list[dict[str, Any]]:
+def _boundaries(markers: pd.DataFrame, shift: dict[int, int]) -> list[dict[str, Any]]:
     """Micro-step begins, optimizer steps and closes as instants on the boundaries track."""
     if not len(markers):
         return []
-    kind = markers["kind"].astype(str)
-    label = kind + " step " + markers["step"].astype(str)
-    label = label.where(kind != schema.MARKER_MICRO_STEP,
-                        label + "." + markers["micro_step"].astype(str))
-    frame = pd.DataFrame({
-        "ph": "i", "s": "p", "cat": "boundary", "name": label,
-        "pid": markers["rank"].astype("int64"), "tid": TRACKS["boundaries"],
-        "ts": markers["ts"].astype(float).round(3), "step": markers["step"].astype("int64"),
-        "micro_step": markers["micro_step"].astype("int64"),
-        "detail": markers["detail"].fillna("").astype(str),
-    })
-    return [_with_args(r, ("step", "micro_step", "detail")) for r in frame.to_dict("records")]
-
-
-def _finding_instants(findings: pd.DataFrame, events: pd.DataFrame) -> list[dict[str, Any]]:
-    """Each finding at the first event it names; else at its rank's last event."""
-    if not len(findings):
-        return []
-    placed = _place_findings(findings.reset_index(drop=True), events)
+    ts = wall_clock.epoch_us(markers["t_ns"], markers["rank"], shift)
     records = []
-    for row in placed.itertuples(index=False):
-        has_rank = pd.notna(row.rank)
-        where = f"{row.unit}" + (f" -> {row.target}" if pd.notna(row.target) else "")
+    for row, at in zip(markers.itertuples(index=False), ts, strict=True):
+        label = f"{row.kind} step {row.step}"
+        if str(row.kind) == schema.MARKER_MICRO_STEP:
+            label += f".{row.micro_step}"
         records.append({
-            "ph": "i", "s": "p" if has_rank else "g", "cat": f"finding,{row.severity}",
-            "name": f"{row.check}: {where}" if pd.notna(row.unit) else str(row.check),
-            "pid": int(row.rank) if has_rank else 0,
-            "tid": TRACKS.get(str(row.phase), 0), "ts": round(float(row.ts), 3),
-            "args": {"severity": str(row.severity), "message": str(row.message)},
+            "ph": "i", "s": "t", "cat": "boundary", "name": label, "pid": int(row.rank),
+            "tid": TRACKS["boundaries"], "ts": float(at),
+            "args": {"step": int(row.step), "micro_step": int(row.micro_step),
+                     "detail": "" if pd.isna(row.detail) else str(row.detail)},
         })
     return records
 
 
-def _place_findings(findings: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
-    """Add ``ts`` to each finding by the narrowest key set that matches an event."""
-    ts = pd.Series(np.nan, index=findings.index)
-    keyed = events
-    for keys in _FINDING_KEYS:
-        todo = findings[ts.isna() & findings[keys].notna().all(axis=1)]
-        if not len(todo) or not len(keyed):
+def _gathers(flights: pd.DataFrame, spans: pd.DataFrame, shift: dict[int, int]
+             ) -> tuple[list[dict[str, Any]], int, dict[int, int]]:
+    """Gather slices (issue to consume) on non-overlapping tracks, and a flow per gather
+    from its issue to the slice of the unit that consumed it, where that unit's slice is
+    recorded (the arrow needs a slice to land on; an instant has none)."""
+    if not len(flights):
+        return [], 0, {}
+    start = wall_clock.epoch_us(flights["issue_ns"], flights["rank"], shift)
+    end = wall_clock.epoch_us(flights["end_ns"], flights["rank"], shift)
+    lane = pd.Series(0, index=flights.index)
+    for _, mine in flights.groupby("rank"):
+        lane.loc[mine.index] = lanes(mine["issue_ns"].tolist(), mine["end_ns"].tolist())
+    landing = _landing(flights, spans)
+    records: list[dict[str, Any]] = []
+    num_flows = 0
+    for i, row in enumerate(flights.itertuples(index=False)):
+        tid = GATHER_TRACK + int(lane.iloc[i])
+        issuer = f"{row.issuer_kind}" + (f" ({row.issuer_unit})" if row.issuer_unit else "")
+        records.append({
+            "ph": "X", "cat": FLOW_CATEGORY, "name": f"all-gather {row.unit}",
+            "pid": int(row.rank), "tid": tid, "ts": float(start.iloc[i]),
+            "dur": (int(row.end_ns) - int(row.issue_ns)) / 1000.0,
+            "args": {"unit": row.unit, "group": int(row.group), "bytes": int(row.num_bytes),
+                     "issued_by": issuer, "ended_by": row.end_event,
+                     "step": int(row.step), "micro_step": int(row.micro_step),
+                     "phase": row.phase},
+        })
+        if not landing.iloc[i]:
             continue
-        first = keyed.groupby(keys, observed=True)["ts"].min().rename("hit").reset_index()
-        probe = _as_keys(todo[keys]).reset_index()
-        hits = probe.merge(_as_keys(first[keys]).assign(hit=first["hit"]), on=keys, how="left")
-        ts.loc[hits["index"]] = hits["hit"].to_numpy()
-    last = events.groupby("rank")["ts"].max() if len(events) else pd.Series(dtype=float)
-    end = float(events["ts"].max()) if len(events) else 0.0
-    fallback = findings["rank"].map(lambda r: last.get(int(r), end) if pd.notna(r) else end)
-    return findings.assign(ts=ts.fillna(fallback.astype(float)))
+        num_flows += 1
+        common = {"cat": FLOW_CATEGORY, "name": FLOW_CATEGORY, "id": num_flows,
+                  "pid": int(row.rank)}
+        records.append({**common, "ph": "s", "tid": tid, "ts": float(start.iloc[i])})
+        records.append({**common, "ph": "f", "bp": "e", "tid": TRACKS[row.end_phase],
+                        "ts": float(end.iloc[i])})
+    num_lanes = {int(r): int(n) + 1 for r, n in lane.groupby(flights["rank"]).max().items()}
+    return records, num_flows, num_lanes
 
 
-def _as_keys(frame: pd.DataFrame) -> pd.DataFrame:
-    """Location columns in one comparable form (findings use Int64/str, events int32/category)."""
-    out = frame.copy()
-    for column in out.columns:
-        if column in ("rank", "step", "micro_step"):
-            out[column] = out[column].astype("int64")
-        elif column in ("phase", "unit"):
-            out[column] = out[column].astype(object).astype("string")
+def _landing(flights: pd.DataFrame, spans: pd.DataFrame) -> pd.Series:
+    """Whether each consumed gather's consume lies inside the consuming unit's recorded slice
+    (the latest begin of that unit and phase before the consume, ending after it)."""
+    consumed = flights.assign(phase_key=flights["end_phase"].astype(str),
+                              order=range(len(flights)))
+    consumed = consumed[consumed["end_event"] == "consume"].sort_values("end_seq")
+    if not len(consumed) or not len(spans):
+        return pd.Series(False, index=flights.index)
+    # Every begin takes part (an instant too): the latest begin before the consume decides.
+    slices = spans.assign(phase_key=spans["phase"].astype(str), unit=spans["unit"].astype(str),
+                          span_end=spans["end_seq"].astype("float64").fillna(-1.0))
+    slices = slices[["rank", "unit", "phase_key", "seq", "span_end"]]
+    hit = pd.merge_asof(consumed, slices.sort_values("seq"), left_on="end_seq",
+                        right_on="seq", by=["rank", "unit", "phase_key"], direction="backward")
+    inside = (hit["span_end"] > hit["end_seq"]).fillna(False)
+    out = pd.Series(False, index=flights.index)
+    out.iloc[hit["order"].to_numpy()] = inside.to_numpy(dtype=bool)
     return out
 
 
-def _with_args(record: dict[str, Any], arg_names: tuple[str, ...]) -> dict[str, Any]:
-    args = {name: record.pop(name) for name in arg_names}
-    record["args"] = args
-    return record
+def _counter(ledger: pd.DataFrame, shift: dict[int, int]) -> list[dict[str, Any]]:
+    """A counter track per rank (its ``pid``): bytes of all-gathered parameters held."""
+    if not len(ledger):
+        return []
+    ts = wall_clock.epoch_us(ledger["t_ns"], ledger["rank"], shift)
+    return [{"ph": "C", "name": COUNTER, "pid": int(r), "tid": 0, "ts": float(t),
+             "args": {"bytes": int(b)}}
+            for r, t, b in zip(ledger["rank"], ts, ledger["held_bytes"], strict=True)]

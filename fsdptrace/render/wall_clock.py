@@ -1,0 +1,45 @@
+"""Each rank's recorded clock moved onto the wall clock, so ranks and other traces line up.
+
+The recorder stamps rows with ``CLOCK_MONOTONIC`` (``t_ns``), whose origin is the host's boot:
+ranks on different hosts share no origin, and nothing else (a torch.profiler trace, logs)
+uses it. At start each rank wrote one pair of readings taken together, ``wall_anchor_ns``
+(``time.time_ns()``) and ``mono_anchor_ns``; adding their difference to ``t_ns`` gives
+nanoseconds since the Unix epoch. Across hosts that is as good as their clock sync (NTP: about
+a millisecond); on one host the monotonic differences between ranks are exact either way.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+
+def shifts(meta: pd.DataFrame) -> dict[int, int]:
+    """Per rank with meta, what to add to ``t_ns`` for nanoseconds since the epoch."""
+    if not len(meta):
+        return {}
+    anchors = meta.drop_duplicates("rank")
+    return {int(r): int(w) - int(m) for r, w, m in zip(
+        anchors["rank"], anchors["wall_anchor_ns"], anchors["mono_anchor_ns"], strict=True)
+        if pd.notna(w) and pd.notna(m)}
+
+
+def anchors(meta: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """The anchor pair of each rank, as written (for a trace's ``otherData``)."""
+    if not len(meta):
+        return {}
+    rows = meta.drop_duplicates("rank")
+    return {str(int(r)): {"wall_anchor_ns": int(w), "mono_anchor_ns": int(m)}
+            for r, w, m in zip(rows["rank"], rows["wall_anchor_ns"], rows["mono_anchor_ns"],
+                               strict=True) if pd.notna(w) and pd.notna(m)}
+
+
+def wall_ns(t_ns: pd.Series, ranks: pd.Series, by_rank: dict[int, int]) -> pd.Series:
+    """``t_ns`` of rows of the given ranks as epoch nanoseconds (unanchored ranks: as is)."""
+    shift = ranks.astype("int64").map(by_rank).fillna(0).astype("int64")
+    return t_ns.astype("int64") + shift
+
+
+def epoch_us(t_ns: pd.Series, ranks: pd.Series, by_rank: dict[int, int]) -> pd.Series:
+    """Microseconds since the epoch, the unit of Chrome trace ``ts`` (float: the integer part
+    needs 51 bits, so a double keeps it to a quarter microsecond)."""
+    return wall_ns(t_ns, ranks, by_rank) / 1000.0
