@@ -18,6 +18,8 @@ import fsdptrace
 from fsdptrace import schema
 from fsdptrace.render import html_report
 from fsdptrace.render.text import verdict
+from fsdptrace.render.unit_spans import unit_spans
+from fsdptrace.render.wall_clock import shifts
 from fsdptrace.trace import Trace
 from tests.conftest import NORMAL_SCENARIOS
 
@@ -61,16 +63,62 @@ def test_report_on_every_scenario(scenario_runs: Path, tmp_path: Path, name: str
 def test_rank_divergence_orders_side_by_side(scenario_runs: Path) -> None:
     trace = fsdptrace.load(scenario_runs / "rank-divergence")
     data = html_report.document(trace, fsdptrace.analyze(trace))
-    divergences = data["steps"][0]["divergences"]
-    assert {(d["micro"], d["phase"]) for d in divergences} == {
-        (m, p) for m in (0, 1) for p in ("forward", "backward")
+    compared = data["steps"][0]["comparisons"]
+    assert {c["check"] for c in compared} == {"rank-divergence"}
+    assert {c["title"] for c in compared} == {
+        f"rank-divergence: step 0, micro-step {m}, {p}" for m in (0, 1)
+        for p in ("forward", "backward")
     }
-    forward = next(d for d in divergences if d["phase"] == "forward" and d["micro"] == 0)
+    forward = next(c for c in compared if c["title"].endswith("micro-step 0, forward"))
     reference, diverging = forward["columns"]
-    assert (reference["label"], reference["reference"]) == ("0", True)
-    assert diverging["label"] == "1" and diverging["first_diff"] == 2
+    assert (reference["label"], reference["reference"]) == ("ranks 0", True)
+    assert diverging["label"] == "ranks 1" and diverging["first_diff"] == 2
     units = data["units"]
     assert units[reference["order"][2]] == "layers.1" and units[diverging["order"][2]] == "layers.2"
+
+
+def test_order_instability_orders_side_by_side(scenario_runs: Path) -> None:
+    """The changed forward order beside the rank's first recorded one, equal ranks folded."""
+    trace = fsdptrace.load(scenario_runs / "order-instability")
+    findings = fsdptrace.analyze(trace)
+    data = html_report.document(trace, findings)
+    flagged = findings[findings["check"] == "order-instability"]
+    step = next(s for s in data["steps"] if s["step"] == int(flagged["step"].min()))
+    compared = [c for c in step["comparisons"] if c["check"] == "order-instability"]
+    assert len(compared) == flagged.loc[flagged["step"] == step["step"], "micro_step"].nunique()
+    units = data["units"]
+    for comparison in compared:
+        reference, changed = comparison["columns"]
+        assert reference["label"] == "ranks 0-1, step 0.0 (first)" and reference["reference"]
+        first = changed["first_diff"]
+        assert units[reference["order"][first]] != units[changed["order"][first]]
+        assert reference["order"][:first] == changed["order"][:first]
+        assert sorted(reference["order"]) == sorted(changed["order"])
+
+
+def test_lanes_start_at_each_ranks_step_start_with_skew_and_recorded_ends(
+    scenario_runs: Path,
+) -> None:
+    trace = fsdptrace.load(scenario_runs / "wrong-forward-prefetch")
+    data = html_report.document(trace, fsdptrace.analyze(trace))
+    spans = unit_spans(trace.events, trace.allgathers, trace.backward_grads)
+    shift = shifts(trace.meta)
+    for step in data["steps"]:
+        starts = {}
+        for lane in step["lanes"]:
+            mine = spans[(spans["rank"] == lane["rank"]) & (spans["step"] == step["step"])]
+            assert len(lane["t"]) == len(lane["e"]) == len(mine)
+            assert [e < 0 for e in lane["e"]] == mine["end_ns"].isna().tolist()
+            assert all(e < 0 or e >= t for t, e in zip(lane["t"], lane["e"], strict=True))
+            markers = trace.markers[(trace.markers["rank"] == lane["rank"])
+                                    & (trace.markers["step"] == step["step"])]
+            starts[lane["rank"]] = min(int(mine["t_ns"].min()), int(markers["t_ns"].min()))
+            assert min(lane["t"]) >= 0
+            assert lane["mem"][0][0] == 0 and all(b >= 0 for _, b in lane["mem"])
+        wall = {r: t + shift[r] for r, t in starts.items()}
+        skews = {lane["rank"]: lane["skew"] for lane in step["lanes"]}
+        assert skews == {r: (w - min(wall.values())) // 1000 for r, w in wall.items()}
+        assert min(skews.values()) == 0
 
 
 def test_prefetch_edges_are_embedded_with_the_order(scenario_runs: Path) -> None:

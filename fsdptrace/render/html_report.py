@@ -12,19 +12,20 @@ steps are embedded at all.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any, TextIO
 
 import jinja2
 import pandas as pd
 
-from fsdptrace import schema
+from fsdptrace import schema, unsharded
 from fsdptrace.checks import CHECKS
-from fsdptrace.checks import rank_divergence as rank_divergence_check
 from fsdptrace.checks import stalled_rank as stalled_rank_check
+from fsdptrace.render import timeline_lanes, wall_clock
 from fsdptrace.render.folding import fold, rank_ranges
 from fsdptrace.render.memory_view import memory_view
+from fsdptrace.render.order_compare import comparisons
 from fsdptrace.render.text import location, verdict
+from fsdptrace.render.unit_spans import unit_spans
 from fsdptrace.trace import Trace
 
 MAX_STEPS = 8
@@ -108,7 +109,7 @@ def _lane_ranks(groups: list[list[int]], flagged: list[int], max_lanes: int) -> 
 
 
 def _group_payload(
-    rows: pd.DataFrame, ranks: list[int], edges: pd.DataFrame, units: dict[str, int], origin: int
+    rows: pd.DataFrame, ranks: list[int], edges: pd.DataFrame, units: dict[str, int], start: int
 ) -> dict[str, Any]:
     """One order signature: its order (units, phases, micro-steps) and edges, embedded once,
     with its lowest rank's timings so the group draws as a lane of its own."""
@@ -117,7 +118,7 @@ def _group_payload(
         "label": rank_ranges(ranks),
         "num_ranks": len(ranks),
         "rep": ranks[0],
-        "t": _micros(rows["t_ns"], origin),
+        **timeline_lanes.timings(rows, start),
         "u": [units[str(u)] for u in rows["unit"]],
         "p": [PHASE_CODES.get(str(p), 0) for p in rows["phase"]],
         "m": [int(m) for m in rows["micro_step"]],
@@ -126,21 +127,6 @@ def _group_payload(
             for u, p, t in zip(mine["unit"], mine["phase"], mine["target"], strict=True)
         ],
     }
-
-
-def _origins(trace: Trace, events: pd.DataFrame) -> dict[int, int]:
-    """Where each lane's clock starts: one shared origin when every rank ran on one host
-    (CLOCK_MONOTONIC is host-wide, so skew between ranks is real), else each rank's own."""
-    first = events.groupby("rank")["t_ns"].min()
-    hosts = trace.meta["host"].nunique() if "host" in trace.meta else 0
-    if hosts == 1:
-        return {int(r): int(first.min()) for r in first.index}
-    return {int(r): int(t) for r, t in first.items()}
-
-
-def _micros(t_ns: pd.Series, origin: int) -> list[int]:
-    """Microseconds since the lane's origin: ints keep the JSON short."""
-    return [int(v) for v in (t_ns.to_numpy() - origin) // 1000]
 
 
 def _marks(step_findings: pd.DataFrame, units: dict[str, int]) -> list[dict[str, Any]]:
@@ -168,73 +154,33 @@ def _marks(step_findings: pd.DataFrame, units: dict[str, int]) -> list[dict[str,
     ]
 
 
-def _divergences(
-    groups: list[dict[str, Any]], members: list[list[int]], step_findings: pd.DataFrame
-) -> list[dict[str, Any]]:
-    """Per diverging (micro-step, phase): the reference order and each diverging rank's order
-    side by side, with the index of the first difference."""
-    diverged = step_findings[step_findings["check"] == rank_divergence_check.NAME]
-    out = []
-    for (micro, phase), rows in diverged.groupby(["micro_step", "phase"], observed=True):
-        code = PHASE_CODES.get(str(phase), 0)
-        orders: Counter[tuple[int, ...]] = Counter()
-        who: dict[tuple[int, ...], list[int]] = {}
-        for group, ranks in zip(groups, members, strict=True):
-            order = tuple(
-                u
-                for u, p, m in zip(group["u"], group["p"], group["m"], strict=True)
-                if p == code and m == micro
-            )
-            orders[order] += len(ranks)
-            who.setdefault(order, []).extend(ranks)
-        reference = max(orders, key=lambda o: (orders[o], -min(who[o])))
-        bad = {int(r) for r in rows["rank"]}
-        columns: list[dict[str, Any]] = [
-            {
-                "label": rank_ranges(who[reference]),
-                "order": list(reference),
-                "first_diff": None,
-                "reference": True,
-            }
-        ]
-        for order, ranks in who.items():
-            if order != reference and bad & set(ranks):
-                diff = next(
-                    (i for i, (a, b) in enumerate(zip(order, reference, strict=False)) if a != b),
-                    min(len(order), len(reference)),
-                )
-                columns.append(
-                    {
-                        "label": rank_ranges(ranks),
-                        "order": list(order),
-                        "first_diff": diff,
-                        "reference": False,
-                    }
-                )
-        out.append({"micro": int(micro), "phase": str(phase), "columns": columns})
-    return out
-
-
 def step_payload(
     trace: Trace,
     findings: pd.DataFrame,
     step: int,
     units: dict[str, int],
     *,
+    spans: pd.DataFrame,
+    ledger: pd.DataFrame,
     max_lanes: int = MAX_RANK_LANES,
 ) -> dict[str, Any]:
-    """Everything the page draws for one optimizer step, aggregated by order signature."""
-    events = trace.events[trace.events["step"] == step].sort_values(["rank", "seq"])
+    """Everything the page draws for one optimizer step, aggregated by order signature.
+
+    ``spans``: ``unit_spans`` of the whole trace; ``ledger``: ``unsharded.timeline``.
+    """
+    events = spans[spans["step"] == step].sort_values(["rank", "seq"])
     edges = trace.prefetch_edges(step)
     step_findings = findings[findings["step"] == step]
     members = _groups(events, edges)
     by_rank = dict(tuple(events.groupby("rank")))
-    origins = _origins(trace, events)
-    groups = [_group_payload(by_rank[g[0]], g, edges, units, origins[g[0]]) for g in members]
+    starts = timeline_lanes.step_starts(events, trace.markers, step)
+    skews = timeline_lanes.skews(starts, wall_clock.shifts(trace.meta))
+    groups = [_group_payload(by_rank[g[0]], g, edges, units, starts[g[0]]) for g in members]
     group_of = {r: i for i, g in enumerate(members) for r in g}
     flagged = [int(r) for r in step_findings["rank"].dropna()]
     lanes = [
-        {"rank": r, "group": group_of[r], "t": _micros(by_rank[r]["t_ns"], origins[r])}
+        {"group": group_of[r], **timeline_lanes.lane(
+            r, by_rank[r], start=starts[r], skew=skews[r], ledger=ledger, step=step)}
         for r in _lane_ranks(members, flagged, max_lanes)
     ]
     return {
@@ -244,7 +190,8 @@ def step_payload(
         "group_of": group_of,
         "num_ranks": len(group_of),
         "marks": _marks(step_findings, units),
-        "divergences": _divergences(groups, members, step_findings),
+        "comparisons": comparisons(trace.events, trace.eval_forwards, step_findings, units,
+                                   step),
     }
 
 
@@ -309,19 +256,27 @@ def document(
 ) -> dict[str, Any]:
     """The JSON the page's script reads: unit names once, then one payload per step."""
     # Edges name units that never ran in a step (a run killed in step 0): all get an index.
+    evals = trace.eval_forwards
     names = sorted(
         {str(u) for u in trace.events["unit"].unique()}
         | {str(u) for u in trace.prefetch["unit"].dropna().unique()}
         | {str(u) for u in trace.prefetch["target"].dropna().unique()}
+        | ({str(u) for u in evals["unit"].dropna().unique()} if len(evals) else set())
     )
     units = {name: i for i, name in enumerate(names)}
     steps = embedded_steps(trace, findings, max_steps=max_steps)
+    spans = unit_spans(trace.events, trace.allgathers, trace.backward_grads)
+    ledger = unsharded.timeline(trace.allgathers)
     return {
         "units": names,
         "default_step": default_step(findings, steps),
         "num_steps": len(trace.steps),
         "num_ranks": len(trace.ranks),
-        "steps": [step_payload(trace, findings, s, units, max_lanes=max_lanes) for s in steps],
+        "steps": [
+            step_payload(trace, findings, s, units, spans=spans, ledger=ledger,
+                         max_lanes=max_lanes)
+            for s in steps
+        ],
     }
 
 

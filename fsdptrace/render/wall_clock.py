@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+_ANCHOR_COLUMNS = {"rank", "wall_anchor_ns", "mono_anchor_ns"}
+
 
 def shifts(meta: pd.DataFrame) -> dict[int, int]:
     """Per rank with meta, what to add to ``t_ns`` for nanoseconds since the epoch."""
-    if not len(meta):
+    if not len(meta) or not _ANCHOR_COLUMNS <= set(meta.columns):
         return {}
     anchors = meta.drop_duplicates("rank")
     return {int(r): int(w) - int(m) for r, w, m in zip(
@@ -25,7 +27,7 @@ def shifts(meta: pd.DataFrame) -> dict[int, int]:
 
 def anchors(meta: pd.DataFrame) -> dict[str, dict[str, int]]:
     """The anchor pair of each rank, as written (for a trace's ``otherData``)."""
-    if not len(meta):
+    if not len(meta) or not _ANCHOR_COLUMNS <= set(meta.columns):
         return {}
     rows = meta.drop_duplicates("rank")
     return {str(int(r)): {"wall_anchor_ns": int(w), "mono_anchor_ns": int(m)}

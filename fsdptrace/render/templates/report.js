@@ -6,9 +6,9 @@
   const SVG_NS = "http://www.w3.org/2000/svg";
   const PHASES = ["forward", "backward"];
   const MAX_GROUP_LANES = 64;
-  const LABEL_W = 190, LANE_H = 26, AXIS_H = 22, WIDTH = 1180;
+  const LABEL_W = 190, LANE_H = 48, AXIS_H = 22, WIDTH = 1180;
   const $ = (id) => document.getElementById(id);
-  const state = { step: null, mode: "ranks", filter: null };
+  const state = { step: null, mode: "ranks", filter: null, view: null, full: 1, drag: null, pending: false };
 
   function node(ns, tag, attrs, text) {
     const e = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
@@ -35,11 +35,12 @@
   function lanes(sd) {
     if (state.mode === "groups") {
       return sd.groups.slice(0, MAX_GROUP_LANES).map((g, i) => ({
-        label: "ranks " + g.label + " (" + g.num_ranks + ")", group: g, gi: i, t: g.t,
-        rank: null }));
+        label: "ranks " + g.label + " (" + g.num_ranks + ")", group: g, gi: i, t: g.t, e: g.e,
+        mem: [], skew: null, rank: null }));
     }
     return sd.lanes.filter((l) => !state.filter || state.filter.has(l.rank)).map((l) => ({
-      label: "rank " + l.rank, group: sd.groups[l.group], gi: l.group, t: l.t, rank: l.rank }));
+      label: "rank " + l.rank, group: sd.groups[l.group], gi: l.group, t: l.t, e: l.e,
+      mem: l.mem, skew: l.skew, rank: l.rank }));
   }
 
   function laneNote(sd, shown) {
@@ -55,7 +56,10 @@
           "'one per order signature' to see every rank");
       }
     }
-    $("lane-note").textContent = notes.join("; ") + ". Time axis: recorded clock (t_ns).";
+    $("lane-note").textContent = notes.join("; ") + ". Each lane starts at its own rank's " +
+      "step start; the time beside a rank is how much later than the earliest rank it started " +
+      "(wall clock). Bars run from a unit's begin to its recorded end; a tick is a begin with " +
+      "no recorded end. The line under each lane is the unsharded parameter bytes it held.";
   }
 
   function firstIndex(group, mark) {
@@ -65,44 +69,100 @@
     return group.u.length - 1;
   }
 
+  // --- the timeline: each lane from its rank's own step start, zoomable ----------------------
+  const PLOT_L = LABEL_W, PLOT_R = WIDTH - 12, PLOT_W = PLOT_R - PLOT_L;
+  const ROWS = [[4, 12], [18, 12]], MEM_TOP = 33, MEM_H = 11, NEAR_PX = 6;
+  const COLORS = ["#1f6fd1", "#e07b00"];
+
+  function extent(shown) {
+    let t = 1;
+    for (const l of shown) {
+      for (let k = 0; k < l.t.length; k++) t = Math.max(t, l.t[k], l.e[k]);
+      if (l.mem.length) t = Math.max(t, l.mem[l.mem.length - 1][0]);
+    }
+    return t;
+  }
+
+  function ticks(t0, t1) {
+    const raw = (t1 - t0) / 8, pow = Math.pow(10, Math.floor(Math.log10(Math.max(raw, 1e-3))));
+    const step = [1, 2, 5, 10].map((f) => f * pow).find((s) => s >= raw);
+    // Enough decimals that two ticks never print the same label.
+    const decimals = Math.max(0, Math.ceil(-Math.log10(step / 1000)));
+    const out = [];
+    for (let t = Math.ceil(t0 / step) * step; t <= t1; t += step) out.push([t, (t / 1000).toFixed(decimals) + " ms"]);
+    return out;
+  }
+
   function drawTimeline(sd) {
     const shown = lanes(sd);
     laneNote(sd, shown);
-    const tmax = Math.max(1, ...shown.map((l) => (l.t.length ? l.t[l.t.length - 1] : 0)));
-    const x = (t) => LABEL_W + (t / tmax) * (WIDTH - LABEL_W - 12);
-    const root = svg("svg", { width: WIDTH, height: AXIS_H + LANE_H * shown.length + 4,
-      id: "timeline-svg", role: "img" });
-    for (let k = 0; k <= 5; k++) {
-      const t = (tmax * k) / 5;
-      root.appendChild(svg("text", { x: x(t), y: 14, class: "axis",
-        "text-anchor": k === 0 ? "start" : k === 5 ? "end" : "middle" },
-        "+" + (t / 1000).toFixed(1) + " ms"));
+    const full = extent(shown);
+    if (!state.view) state.view = [0, full];
+    const [t0, t1] = state.view, span = Math.max(1, t1 - t0);
+    const x = (t) => PLOT_L + ((t - t0) / span) * PLOT_W;
+    const height = AXIS_H + LANE_H * shown.length + 4;
+    const root = svg("svg", { width: WIDTH, height: height, id: "timeline-svg", role: "img" });
+    const defs = svg("defs"), clip = svg("clipPath", { id: "plot-clip" });
+    clip.appendChild(svg("rect", { x: PLOT_L, y: 0, width: PLOT_W, height: height }));
+    defs.appendChild(clip);
+    root.appendChild(defs);
+    const memMax = Math.max(1, ...shown.flatMap((l) => l.mem.map((p) => p[1])));
+    shown.forEach((lane, i) => root.appendChild(drawLane(lane, i, x, t0, t1, memMax)));
+    const axis = svg("g", { class: "axis-ticks" });
+    for (const [t, label] of ticks(t0, t1)) {
+      axis.appendChild(svg("path", { d: "M" + x(t).toFixed(1) + " " + AXIS_H + "V" + (height - 4), stroke: "#dde1e7" }));
+      axis.appendChild(svg("text", { x: x(t), y: 14, class: "axis", "text-anchor": "middle" }, label));
     }
-    shown.forEach((lane, i) => root.appendChild(drawLane(lane, i, x)));
-    drawMarks(sd, shown, root, x);
-    attachTooltip(root, shown, x);
+    root.insertBefore(axis, root.children[1]);
+    const marks = svg("g", { "clip-path": "url(#plot-clip)" });
+    drawMarks(sd, shown, marks, x);
+    root.appendChild(marks);
+    attachTooltip(root, shown, x, t0, span);
+    attachZoom(root, full);
+    $("zoom-note").textContent = "showing " + (t0 / 1000).toFixed(1) + " to " + (t1 / 1000).toFixed(1) +
+      " ms of " + (full / 1000).toFixed(1) + " ms";
     $("timeline").replaceChildren(root);
   }
 
-  function drawLane(lane, i, x) {
+  function drawLane(lane, i, x, t0, t1, memMax) {
     const y = AXIS_H + i * LANE_H, g = lane.group;
     const attrs = { class: "lane", transform: "translate(0," + y + ")" };
     if (lane.rank !== null) attrs["data-rank"] = lane.rank; else attrs["data-group"] = lane.gi;
     const el = svg("g", attrs);
-    el.appendChild(svg("rect", { x: 0, y: 0, width: WIDTH, height: LANE_H,
-      fill: i % 2 ? "#ffffff" : "#f3f5f8" }));
-    el.appendChild(svg("text", { x: 6, y: 17, class: "lane-label" }, lane.label));
-    const d = ["", ""];
-    let boundaries = "";
-    for (let k = 0; k < lane.t.length; k++) {
-      const px = x(lane.t[k]).toFixed(1);
-      d[g.p[k]] += g.p[k] === 0 ? "M" + px + " 3V12" : "M" + px + " 14V23";
-      if (k > 0 && g.m[k] !== g.m[k - 1]) boundaries += "M" + (x(lane.t[k]) - 1).toFixed(1) + " 0V" + LANE_H;
+    el.appendChild(svg("rect", { x: 0, y: 0, width: WIDTH, height: LANE_H, fill: i % 2 ? "#ffffff" : "#f3f5f8" }));
+    el.appendChild(svg("text", { x: 6, y: 16, class: "lane-label" }, lane.label));
+    if (lane.skew !== null) {
+      el.appendChild(svg("text", { x: 6, y: 32, class: "skew" },
+        lane.skew > 0 ? "+" + (lane.skew / 1000).toFixed(1) + " ms after the first" : "first to start"));
     }
-    if (boundaries) el.appendChild(svg("path", { d: boundaries, stroke: "#c4c8cf", "stroke-dasharray": "2 2" }));
-    el.appendChild(svg("path", { d: d[0] || "M0 0", stroke: "#1f6fd1", "stroke-width": 2 }));
-    el.appendChild(svg("path", { d: d[1] || "M0 0", stroke: "#e07b00", "stroke-width": 2 }));
+    const plot = svg("g", { "clip-path": "url(#plot-clip)" });
+    const order = lane.t.map((_, k) => k).filter((k) => (lane.e[k] < 0 ? lane.t[k] : lane.e[k]) >= t0 && lane.t[k] <= t1);
+    order.sort((a, b) => (lane.e[b] - lane.t[b]) - (lane.e[a] - lane.t[a]));  // long spans under short ones
+    const ticksPath = ["", ""];
+    for (const k of order) {
+      const [top, h] = ROWS[g.p[k]];
+      if (lane.e[k] < 0) { ticksPath[g.p[k]] += "M" + x(lane.t[k]).toFixed(1) + " " + top + "v" + h; continue; }
+      const a = x(lane.t[k]), w = Math.max(1, x(lane.e[k]) - a);
+      // A span with others inside it (the root's backward) is drawn pale, under them.
+      const outer = order.some((j) => j !== k && g.p[j] === g.p[k] && lane.t[j] > lane.t[k] && lane.t[j] < lane.e[k]);
+      plot.appendChild(svg("rect", { class: "span", x: a.toFixed(1), y: top, width: w.toFixed(1), height: h,
+        fill: COLORS[g.p[k]], "fill-opacity": outer ? 0.3 : 0.85, stroke: "#fff", "stroke-width": 1 }));
+    }
+    ticksPath.forEach((d, p) => { if (d) plot.appendChild(svg("path", { class: "instant", d: d, stroke: COLORS[p], "stroke-width": 2 })); });
+    let bounds = "";
+    for (let k = 1; k < lane.t.length; k++) if (g.m[k] !== g.m[k - 1]) bounds += "M" + (x(lane.t[k]) - 1).toFixed(1) + " 0V" + LANE_H;
+    if (bounds) plot.appendChild(svg("path", { d: bounds, stroke: "#c4c8cf", "stroke-dasharray": "2 2" }));
+    if (lane.mem.length) plot.appendChild(memoryPath(lane.mem, x, memMax));
+    el.appendChild(plot);
     return el;
+  }
+
+  function memoryPath(points, x, memMax) {
+    const yOf = (b) => (MEM_TOP + MEM_H - (b / memMax) * MEM_H).toFixed(1);
+    let d = "M" + x(points[0][0]).toFixed(1) + " " + yOf(points[0][1]);
+    for (let k = 1; k < points.length; k++) d += "H" + x(points[k][0]).toFixed(1) + "V" + yOf(points[k][1]);
+    d += "H" + PLOT_R;
+    return svg("path", { class: "mem", d: d, fill: "none", stroke: "#6a4fb3", "stroke-width": 1.5 });
   }
 
   function drawMarks(sd, shown, root, x) {
@@ -111,7 +171,7 @@
         : l.gi === sd.group_of[String(mark.rank)]));
       if (i < 0 || !shown[i].t.length) continue;
       const lane = shown[i], k = firstIndex(lane.group, mark);
-      const px = x(lane.t[k]), py = AXIS_H + i * LANE_H + (mark.p === 1 ? 14 : 3);
+      const px = x(lane.t[k]), py = AXIS_H + i * LANE_H + (mark.p === 1 ? ROWS[1][0] : ROWS[0][0]);
       const tri = svg("path", { class: "mark", fill: "#d32f2f", stroke: "#fff", "stroke-width": 1,
         d: "M" + px.toFixed(1) + " " + (py - 2) + "l5 6.5l-5 6.5l-5 -6.5z" });
       tri.appendChild(svg("title", {}, mark.check + " (rank " + mark.rank + "): " + mark.message));
@@ -119,23 +179,93 @@
     }
   }
 
-  function attachTooltip(root, shown, x) {
+  const ms = (t) => (t / 1000).toFixed(3) + " ms";
+
+  // What is under the pointer, or nothing: a span it is inside (the innermost), else a begin
+  // within a few pixels. Never the nearest event wherever it is.
+  function hit(lane, row, px, pt, x) {
+    const g = lane.group;
+    let best = -1, bestScore = Infinity;
+    for (let k = 0; k < lane.t.length; k++) {
+      if (g.p[k] !== row) continue;
+      const inside = lane.e[k] >= 0 && lane.t[k] <= pt && pt <= lane.e[k];
+      const near = Math.abs(x(lane.t[k]) - px) <= NEAR_PX;
+      if (!inside && !near) continue;
+      const score = inside ? lane.e[k] - lane.t[k] : 1e15 + Math.abs(x(lane.t[k]) - px);
+      if (score < bestScore) { best = k; bestScore = score; }
+    }
+    if (best < 0) return null;
+    const end = lane.e[best] < 0 ? "end: none recorded" : "end +" + ms(lane.e[best]) + " (" + ms(lane.e[best] - lane.t[best]) + ")";
+    return lane.label + "\nmicro-step " + g.m[best] + " " + PHASES[g.p[best]] + "\n" + unit(g.u[best]) +
+      "\nbegin +" + ms(lane.t[best]) + "\n" + end;
+  }
+
+  function heldAt(lane, pt) {
+    if (!lane.mem.length || pt < lane.mem[0][0]) return null;
+    let held = lane.mem[0][1];
+    for (const [t, b] of lane.mem) { if (t > pt) break; held = b; }
+    return lane.label + "\nunsharded parameters held: " + held.toLocaleString("en-US") + " bytes\nat +" + ms(pt);
+  }
+
+  function attachTooltip(root, shown, x, t0, span) {
     const tip = $("tooltip");
     root.addEventListener("mouseleave", () => { tip.hidden = true; });
     root.addEventListener("mousemove", (ev) => {
-      const box = root.getBoundingClientRect();
-      const i = Math.floor((ev.clientY - box.top - AXIS_H) / LANE_H);
-      const lane = shown[i];
-      if (!lane || !lane.t.length || ev.clientX - box.left < LABEL_W) { tip.hidden = true; return; }
-      let best = 0;
-      lane.t.forEach((t, k) => { if (Math.abs(x(t) - (ev.clientX - box.left)) < Math.abs(x(lane.t[best]) - (ev.clientX - box.left))) best = k; });
-      const g = lane.group;
-      tip.textContent = lane.label + "\nmicro-step " + g.m[best] + " " + PHASES[g.p[best]] +
-        "\n" + unit(g.u[best]) + "\n+" + (lane.t[best] / 1000).toFixed(3) + " ms";
+      const box = root.getBoundingClientRect(), px = ev.clientX - box.left, py = ev.clientY - box.top - AXIS_H;
+      const lane = shown[Math.floor(py / LANE_H)], ry = py - Math.floor(py / LANE_H) * LANE_H;
+      const pt = t0 + ((px - PLOT_L) / PLOT_W) * span;
+      let text = null;
+      if (lane && px >= PLOT_L && px <= PLOT_R && !state.drag) {
+        text = ry >= MEM_TOP - 1 ? heldAt(lane, pt) : hit(lane, ry < ROWS[1][0] - 1 ? 0 : 1, px, pt, x);
+      }
+      if (!text) { tip.hidden = true; return; }
+      tip.textContent = text;
       tip.style.left = ev.clientX + 12 + "px";
       tip.style.top = ev.clientY + 12 + "px";
       tip.hidden = false;
     });
+  }
+
+  function setView(t0, t1, full) {
+    const span = Math.min(Math.max(t1 - t0, 10), full * 1.2);
+    let a = t0 + (t1 - t0 - span) / 2;
+    a = Math.max(-full * 0.1, Math.min(a, full * 1.1 - span));
+    state.view = [a, a + span];
+    drawTimeline(stepData());
+  }
+
+  function zoomAt(factor, pt, full) {
+    const [t0, t1] = state.view;
+    setView(pt - (pt - t0) * factor, pt + (t1 - pt) * factor, full);
+  }
+
+  function attachZoom(root, full) {
+    state.full = full;
+    root.addEventListener("wheel", (ev) => {
+      ev.preventDefault();
+      const box = root.getBoundingClientRect(), [t0, t1] = state.view;
+      const pt = t0 + ((ev.clientX - box.left - PLOT_L) / PLOT_W) * (t1 - t0);
+      zoomAt(ev.deltaY > 0 ? 1.25 : 0.8, pt, full);
+    }, { passive: false });
+    root.addEventListener("mousedown", (ev) => {
+      state.drag = { x: ev.clientX, view: state.view.slice() };
+      ev.preventDefault();
+    });
+  }
+
+  function initZoom() {
+    const center = () => (state.view[0] + state.view[1]) / 2;
+    $("zoom-in").addEventListener("click", () => zoomAt(0.5, center(), state.full));
+    $("zoom-out").addEventListener("click", () => zoomAt(2, center(), state.full));
+    $("zoom-reset").addEventListener("click", () => { state.view = null; drawTimeline(stepData()); });
+    window.addEventListener("mousemove", (ev) => {
+      if (!state.drag) return;
+      const [a, b] = state.drag.view, shift = -((ev.clientX - state.drag.x) / PLOT_W) * (b - a);
+      if (state.pending) return;
+      state.pending = true;
+      requestAnimationFrame(() => { state.pending = false; if (state.drag) setView(a + shift, b + shift, state.full); });
+    });
+    window.addEventListener("mouseup", () => { state.drag = null; });
   }
 
   function fillEdgeControls(sd) {
@@ -210,20 +340,21 @@
     return defs;
   }
 
-  function drawDivergence(sd) {
-    const box = $("divergence");
+  function drawCompare(sd) {
+    const box = $("compare");
     box.replaceChildren();
-    if (!sd.divergences.length) return;
-    box.appendChild(html("h3", {}, "Diverging orders (first difference highlighted)"));
-    for (const div of sd.divergences) {
-      box.appendChild(html("p", {}, "micro-step " + div.micro + ", " + div.phase));
-      const row = html("div", { class: "orders" });
-      const firstDiff = Math.min(...div.columns.filter((c) => !c.reference).map((c) => c.first_diff));
-      for (const col of div.columns.slice(0, 8)) {
+    if (!sd.comparisons.length) return;
+    box.appendChild(html("h3", {}, "Orders side by side (first difference highlighted)"));
+    for (const cmp of sd.comparisons) {
+      box.appendChild(html("p", { class: "compare-title" }, cmp.title));
+      const row = html("div", { class: "orders", "data-check": cmp.check });
+      const diffs = cmp.columns.filter((c) => !c.reference).map((c) => c.first_diff);
+      const firstDiff = diffs.length ? Math.min(...diffs) : -1;
+      for (const col of cmp.columns) {
         const table = html("table", { class: "order" });
         const head = html("tr");
         head.appendChild(html("th", { colspan: 2, class: col.reference ? "ref" : "" },
-          (col.reference ? "reference: ranks " : "ranks ") + col.label));
+          (col.reference ? "reference: " : "") + col.label));
         table.appendChild(head);
         col.order.forEach((u, i) => {
           const tr = html("tr");
@@ -232,6 +363,12 @@
           tr.appendChild(html("td", hit ? { class: "first-diff" } : {}, unit(u)));
           table.appendChild(tr);
         });
+        if (!col.reference && col.first_diff === col.order.length) {
+          const tr = html("tr");
+          tr.appendChild(html("td", {}, String(col.order.length)));
+          tr.appendChild(html("td", { class: "first-diff" }, "(ends here)"));
+          table.appendChild(tr);
+        }
         row.appendChild(table);
       }
       box.appendChild(row);
@@ -240,6 +377,7 @@
 
   function showStep(step) {
     state.step = step;
+    state.view = null;
     $("step-select").value = String(step);
     const sd = stepData();
     if (!sd) return;
@@ -252,7 +390,7 @@
     if (!sd) return;
     drawTimeline(sd);
     drawEdges(sd);
-    drawDivergence(sd);
+    drawCompare(sd);
   }
 
   function init() {
@@ -266,7 +404,8 @@
     sel.addEventListener("change", () => showStep(Number(sel.value)));
     state.mode = DATA.steps[0].lanes.length < DATA.num_ranks ? "groups" : "ranks";
     $("lane-mode").value = state.mode;
-    $("lane-mode").addEventListener("change", (e) => { state.mode = e.target.value; redraw(); });
+    $("lane-mode").addEventListener("change", (e) => { state.mode = e.target.value; state.view = null; redraw(); });
+    initZoom();
     $("rank-filter").addEventListener("input", (e) => { state.filter = parseRanks(e.target.value); redraw(); });
     for (const id of ["edge-group", "edge-micro", "edge-phase"]) $(id).addEventListener("change", () => drawEdges(stepData()));
     document.querySelectorAll("tr.finding[data-step]").forEach((tr) => tr.addEventListener("click", () => {
