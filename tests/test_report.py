@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import json
+import os
 import re
+import shutil
 import subprocess
 import tempfile
 from io import StringIO
@@ -16,15 +19,19 @@ from fsdptrace_cli.main import cli
 
 import fsdptrace
 from fsdptrace import schema
+from fsdptrace.record.launch import record_env
 from fsdptrace.render import html_report
 from fsdptrace.render.text import verdict
 from fsdptrace.render.unit_spans import unit_spans
 from fsdptrace.render.wall_clock import shifts
 from fsdptrace.trace import Trace
 from tests.conftest import NORMAL_SCENARIOS
+from tests.jobs import REPO, assert_ok, run_ranks
 
 ALL_SCENARIOS = [*NORMAL_SCENARIOS, "killed-rank"]
 CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOT = REPO / "docs" / "report.png"
+DEMO_RUN_DIR = Path("fsdptrace_runs/demo")  # make demo's RUN_DIR
 DATA_RE = re.compile(r'<script type="application/json" id="fsdptrace-data">(.*?)</script>', re.S)
 
 
@@ -238,8 +245,56 @@ def test_report_help_has_an_example() -> None:
     assert result.exit_code == 0 and "Example:" in result.output and "--max-steps" in result.output
 
 
-def chromium_dom(page: Path) -> tuple[str, str]:
-    """Load ``page`` in headless chromium; the DOM after scripts ran, and its log."""
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="needs Debian's chromium at /usr/bin/chromium "
+    "(apt-get install chromium; .ci/run installs it)",
+)
+# Appended to a copy of a report: acts as a person would (pointer over an empty stretch and
+# over a span, a zoom click, a wheel turn) and writes what the page did into #probe.
+PROBE = """<script>
+(function () {
+  const out = {};
+  const root = document.getElementById("timeline-svg"), box = root.getBoundingClientRect();
+  const DATA = JSON.parse(document.getElementById("fsdptrace-data").textContent);
+  const step = Number(document.getElementById("step-select").value);
+  const sd = DATA.steps.find((s) => s.step === step);
+  const lane = sd.lanes[0], g = sd.groups[lane.group];
+  let full = 1;
+  sd.lanes.forEach((l) => { l.t.forEach((t, k) => { full = Math.max(full, t, l.e[k]); });
+    if (l.mem.length) full = Math.max(full, l.mem[l.mem.length - 1][0]); });
+  const width = root.width.baseVal.value, px = (t) => 190 + (t / full) * (width - 12 - 190);
+  const move = (t, row) => { root.dispatchEvent(new MouseEvent("mousemove", { bubbles: true,
+    clientX: box.left + px(t), clientY: box.top + 22 + (row === 0 ? 10 : 24) }));
+    const tip = document.getElementById("tooltip"); return tip.hidden ? null : tip.textContent; };
+  const fw = lane.t.map((t, k) => k).filter((k) => g.p[k] === 0);
+  let gap = [0, -1];
+  for (let i = 1; i < fw.length; i++) {
+    const prev = Math.max(lane.t[fw[i - 1]], lane.e[fw[i - 1]]), size = lane.t[fw[i]] - prev;
+    if (size > gap[1]) gap = [prev + size / 2, size];
+  }
+  out.gap_px = px(gap[1]) - px(0);
+  out.tip_in_gap = move(gap[0], 0);
+  const k = fw.find((j) => lane.e[j] >= 0);
+  out.span_unit = DATA.units[g.u[k]];
+  out.tip_on_span = move((lane.t[k] + lane.e[k]) / 2, 0);
+  out.zoom_before = document.getElementById("zoom-note").textContent;
+  document.getElementById("zoom-in").click();
+  out.zoom_after = document.getElementById("zoom-note").textContent;
+  const svg2 = document.getElementById("timeline-svg"), b2 = svg2.getBoundingClientRect();
+  svg2.dispatchEvent(new WheelEvent("wheel", { bubbles: true, cancelable: true, deltaY: -100,
+    clientX: b2.left + 400, clientY: b2.top + 30 }));
+  out.zoom_wheel = document.getElementById("zoom-note").textContent;
+  const pre = document.createElement("pre");
+  pre.id = "probe";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script>"""
+
+
+def chromium(page: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run headless chromium on ``page`` with a throwaway profile."""
     with tempfile.TemporaryDirectory() as profile:
         done = subprocess.run(
             [
@@ -254,7 +309,7 @@ def chromium_dom(page: Path) -> tuple[str, str]:
                 f"--user-data-dir={profile}",
                 "--enable-logging=stderr",
                 "--v=0",
-                "--dump-dom",
+                *args,
                 page.as_uri(),
             ],
             capture_output=True,
@@ -263,25 +318,93 @@ def chromium_dom(page: Path) -> tuple[str, str]:
             check=False,
         )
     assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def chromium_dom(page: Path) -> tuple[str, str]:
+    """Load ``page`` in headless chromium; the DOM after scripts ran, and its log."""
+    done = chromium(page, "--dump-dom")
     return done.stdout, done.stderr
 
 
-@pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="needs Debian's chromium at /usr/bin/chromium "
-    "(apt-get install chromium; .ci/run installs it)",
+def probe(page: Path) -> tuple[str, str, dict]:
+    """The DOM, log and ``PROBE`` results of a copy of ``page`` with the probe appended."""
+    probed = page.with_name("probed-" + page.name)
+    text = page.read_text(encoding="utf-8")
+    probed.write_text(text.replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    dom, log = chromium_dom(probed)
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
+    assert found, log[-2000:]
+    return dom, log, json.loads(html.unescape(found.group(1)))
+
+
+def shown_range(note: str) -> float:
+    """Width in ms of the zoom note's "showing A to B ms of C ms"."""
+    a, b = re.match(r"showing (-?[\d.]+) to (-?[\d.]+) ms", note).groups()  # type: ignore[union-attr]
+    return float(b) - float(a)
+
+
+def assert_timeline_works(dom: str, log: str, found: dict, num_ranks: int) -> None:
+    assert "CONSOLE(" not in log, log
+    assert len(re.findall(r'<g class="lane" [^>]*data-rank="\d+"', dom)) == num_ranks
+    for control in ("zoom-in", "zoom-out", "zoom-reset"):
+        assert f'id="{control}"' in dom
+    for drawn in ('class="span"', 'class="mem"', 'class="skew"', 'id="memory"'):
+        assert drawn in dom, (drawn, found)
+    labels = re.findall(r'<text [^>]*class="axis"[^>]*>([^<]*)</text>', dom)
+    assert len(labels) >= 3 and len(labels) == len(set(labels)), labels
+    if found["gap_px"] > 30:  # an empty stretch wide enough to point into
+        assert found["tip_in_gap"] is None, found
+    assert found["span_unit"] in found["tip_on_span"], found
+    assert shown_range(found["zoom_after"]) == pytest.approx(
+        shown_range(found["zoom_before"]) / 2, rel=0.05)
+    assert shown_range(found["zoom_wheel"]) < shown_range(found["zoom_after"])
+
+
+@NEEDS_CHROMIUM
+@pytest.mark.parametrize(
+    "name", ["rank-divergence", "order-instability", "wrong-forward-prefetch", "killed-rank"]
 )
-@pytest.mark.parametrize("name", ["rank-divergence", "wrong-forward-prefetch", "killed-rank"])
 def test_report_in_a_real_browser(scenario_runs: Path, tmp_path: Path, name: str) -> None:
     page = tmp_path / "report.html"
     write_report(scenario_runs / name, page)
-    dom, log = chromium_dom(page)
-    assert "CONSOLE(" not in log, log
-    assert len(re.findall(r'<g class="lane" [^>]*data-rank="\d+"', dom)) == 2
+    dom, log, found = probe(page)
+    assert_timeline_works(dom, log, found, num_ranks=2)
     assert 'id="edges-svg"' in dom and 'class="mark"' in dom
-    if name == "rank-divergence":
-        assert 'class="first-diff"' in dom and "rank-divergence" in dom
+    if name in ("rank-divergence", "order-instability"):
+        assert f'data-check="{name}"' in dom and 'class="first-diff"' in dom
+    else:
+        assert 'class="first-diff"' not in dom
     if name == "wrong-forward-prefetch":
         assert 'class="edge-bad"' in dom and 'class="edge-ok"' in dom
     if name == "killed-rank":
         assert "Where each rank stopped" in dom
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run ``make demo`` records: examples/train_tiny.py on 2 ranks, zero code changes."""
+    run_dir = tmp_path_factory.mktemp("demo") / DEMO_RUN_DIR
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    base = {k: v for k, v in os.environ.items() if k not in launcher}
+    env = record_env(run_dir, base_env={**base, "OMP_NUM_THREADS": "1"})
+    results = run_ranks([str(REPO / "examples" / "train_tiny.py")], env=env)
+    assert_ok(results)
+    return run_dir
+
+
+@NEEDS_CHROMIUM
+def test_demo_report_in_a_real_browser_and_its_screenshot(
+    demo_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's picture is this run's report as a browser draws it, regenerated here."""
+    page = tmp_path / "report.html"
+    monkeypatch.chdir(str(demo_run)[: -len(str(DEMO_RUN_DIR))])  # the page names it as make does
+    write_report(DEMO_RUN_DIR, page)
+    dom, log, found = probe(page)
+    assert_timeline_works(dom, log, found, num_ranks=2)
+    assert "prefetch-order" in dom
+    shot = tmp_path / "report.png"
+    chromium(page, "--hide-scrollbars", "--window-size=1280,1180", f"--screenshot={shot}")
+    assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 20_000
+    shutil.copyfile(shot, SCREENSHOT)

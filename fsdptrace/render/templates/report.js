@@ -6,7 +6,9 @@
   const SVG_NS = "http://www.w3.org/2000/svg";
   const PHASES = ["forward", "backward"];
   const MAX_GROUP_LANES = 64;
-  const LABEL_W = 190, LANE_H = 48, AXIS_H = 22, WIDTH = 1180;
+  const LABEL_W = 190, LANE_H = 48, AXIS_H = 22;
+  // As wide as the panel it is drawn in, so the whole step is visible without scrolling.
+  const WIDTH = Math.max(720, Math.min(1800, (document.getElementById("timeline").clientWidth || 1182) - 2));
   const $ = (id) => document.getElementById(id);
   const state = { step: null, mode: "ranks", filter: null, view: null, full: 1, drag: null, pending: false };
 
@@ -111,7 +113,8 @@
     const axis = svg("g", { class: "axis-ticks" });
     for (const [t, label] of ticks(t0, t1)) {
       axis.appendChild(svg("path", { d: "M" + x(t).toFixed(1) + " " + AXIS_H + "V" + (height - 4), stroke: "#dde1e7" }));
-      axis.appendChild(svg("text", { x: x(t), y: 14, class: "axis", "text-anchor": "middle" }, label));
+      const anchor = x(t) > PLOT_R - 30 ? "end" : x(t) < PLOT_L + 30 ? "start" : "middle";
+      axis.appendChild(svg("text", { x: x(t), y: 14, class: "axis", "text-anchor": anchor }, label));
     }
     root.insertBefore(axis, root.children[1]);
     const marks = svg("g", { "clip-path": "url(#plot-clip)" });
