@@ -192,3 +192,18 @@ def test_run_without_provenance_has_units_and_no_gathers() -> None:
     doc = json.loads(out.getvalue())
     assert of(doc, "X") == [] and len(of(doc, "i", "unit")) == len(trace.events)
     assert doc["otherData"]["num_all_gathers"] == 0
+
+
+def test_a_recording_without_ends_has_instants_and_gathers_without_flows(
+    scenario_runs: Path,
+) -> None:
+    """As from a recorder that wrote issues and consumes but no reshards or post-backwards."""
+    trace = fsdptrace.load(scenario_runs / "clean")
+    trace.allgathers = trace.allgathers[trace.allgathers["event"].astype(str) != "reshard"]
+    trace.backward_grads = trace.backward_grads.iloc[0:0]
+    out = io.StringIO()
+    write_chrome_trace(trace, fsdptrace.analyze(trace), out)
+    doc = json.loads(out.getvalue())
+    assert of(doc, "X", "unit") == [] and len(of(doc, "i", "unit")) == len(trace.events)
+    assert len(of(doc, "X", "all-gather")) == doc["otherData"]["num_all_gathers"] > 0
+    assert of(doc, "s") == [] and doc["otherData"]["num_all_gather_flows"] == 0

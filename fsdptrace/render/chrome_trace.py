@@ -182,7 +182,7 @@ def _landing(flights: pd.DataFrame, spans: pd.DataFrame) -> pd.Series:
         return pd.Series(False, index=flights.index)
     # Every begin takes part (an instant too): the latest begin before the consume decides.
     slices = spans.assign(phase_key=spans["phase"].astype(str), unit=spans["unit"].astype(str),
-                          span_end=spans["end_seq"].astype("float64").fillna(-1.0))
+                          span_end=pd.to_numeric(spans["end_seq"]).astype("float64").fillna(-1.0))
     slices = slices[["rank", "unit", "phase_key", "seq", "span_end"]]
     hit = pd.merge_asof(consumed, slices.sort_values("seq"), left_on="end_seq",
                         right_on="seq", by=["rank", "unit", "phase_key"], direction="backward")

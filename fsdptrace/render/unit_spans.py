@@ -39,7 +39,10 @@ def unit_spans(events: pd.DataFrame, allgathers: pd.DataFrame,
     ends = pd.concat([_forward_ends(allgathers), _backward_ends(backward_grads)],
                      ignore_index=True).sort_values("end_seq", kind="stable")
     if not len(ends):
-        return begins.assign(end_seq=pd.NA, end_ns=pd.NA, end_kind=NO_END)[SPAN_COLUMNS]
+        none = pd.array([pd.NA] * len(begins), dtype="Int64")
+        merged = begins.assign(end_seq=none, end_ns=none, end_kind=NO_END)
+        return merged.sort_values(["rank", "seq"], kind="stable").reset_index(drop=True)[
+            SPAN_COLUMNS]
     merged = pd.merge_asof(begins, ends, left_on="seq", right_on="end_seq", by=_KEY,
                            direction="forward", suffixes=("", "_end"))
     own = ((merged["step_end"] == merged["step"])
