@@ -20,7 +20,7 @@ from fsdptrace_cli.main import cli
 import fsdptrace
 from fsdptrace import schema
 from fsdptrace.record.launch import record_env
-from fsdptrace.render import html_report
+from fsdptrace.render import html_report, order_compare
 from fsdptrace.render.text import verdict
 from fsdptrace.render.unit_spans import unit_spans
 from fsdptrace.render.wall_clock import shifts
@@ -408,3 +408,22 @@ def test_demo_report_in_a_real_browser_and_its_screenshot(
     chromium(page, "--hide-scrollbars", "--window-size=1280,1180", f"--screenshot={shot}")
     assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 20_000
     shutil.copyfile(shot, SCREENSHOT)
+
+
+def test_eval_divergence_orders_side_by_side() -> None:
+    """Rank 1 ran one eval forward fewer in eval interval 1: its order ends early."""
+    evals = pd.DataFrame(
+        [(0, 1, 1, "<root>"), (0, 2, 1, "layers.0"), (0, 3, 1, "<root>"),
+         (1, 1, 1, "<root>"), (1, 2, 1, "layers.0")],
+        columns=["rank", "seq", "step", "unit"],
+    )
+    findings = pd.DataFrame({"check": ["eval-divergence"], "rank": [1], "step": [1],
+                             "micro_step": [None], "phase": [None], "unit": ["<end>"]})
+    units = {"<root>": 0, "layers.0": 1}
+    empty_events = pd.DataFrame(columns=["rank", "seq", "step", "micro_step", "phase", "unit"])
+    (compared,) = order_compare.comparisons(empty_events, evals, findings, units, 1)
+    assert compared["title"] == "eval-divergence: eval forwards in eval interval 1"
+    reference, short = compared["columns"]
+    assert (reference["label"], reference["order"], reference["reference"]) == (
+        "ranks 0", [0, 1, 0], True)
+    assert (short["label"], short["order"], short["first_diff"]) == ("ranks 1", [0, 1], 2)
