@@ -197,6 +197,6 @@ def _counter(ledger: pd.DataFrame, shift: dict[int, int]) -> list[dict[str, Any]
     if not len(ledger):
         return []
     ts = wall_clock.epoch_us(ledger["t_ns"], ledger["rank"], shift)
-    return [{"ph": "C", "name": COUNTER, "pid": int(r), "tid": 0, "ts": float(t),
+    return [{"ph": "C", "cat": "memory", "name": COUNTER, "pid": int(r), "tid": 0, "ts": float(t),
              "args": {"bytes": int(b)}}
             for r, t, b in zip(ledger["rank"], ts, ledger["held_bytes"], strict=True)]
