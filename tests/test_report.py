@@ -251,9 +251,9 @@ NEEDS_CHROMIUM = pytest.mark.skipif(
     "(apt-get install chromium; .ci/run installs it)",
 )
 # Appended to a copy of a report: acts as a person would (pointer over an empty stretch and
-# over a span, a zoom click, a wheel turn) and writes what the page did into #probe.
+# over a span, a zoom click, a wheel turn, a drag) and writes what the page did into #probe.
 PROBE = """<script>
-(function () {
+window.addEventListener("load", () => {
   const out = {};
   const root = document.getElementById("timeline-svg"), box = root.getBoundingClientRect();
   const DATA = JSON.parse(document.getElementById("fsdptrace-data").textContent);
@@ -285,11 +285,20 @@ PROBE = """<script>
   svg2.dispatchEvent(new WheelEvent("wheel", { bubbles: true, cancelable: true, deltaY: -100,
     clientX: b2.left + 400, clientY: b2.top + 30 }));
   out.zoom_wheel = document.getElementById("zoom-note").textContent;
-  const pre = document.createElement("pre");
-  pre.id = "probe";
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-})();
+  const svg3 = document.getElementById("timeline-svg"), b3 = svg3.getBoundingClientRect();
+  svg3.dispatchEvent(new MouseEvent("mousedown", { bubbles: true, clientX: b3.left + 600,
+    clientY: b3.top + 30 }));
+  window.dispatchEvent(new MouseEvent("mousemove", { clientX: b3.left + 400,
+    clientY: b3.top + 30 }));
+  requestAnimationFrame(() => {  // a drag redraws on the next frame
+    window.dispatchEvent(new MouseEvent("mouseup", {}));
+    out.zoom_dragged = document.getElementById("zoom-note").textContent;
+    const pre = document.createElement("pre");
+    pre.id = "probe";
+    pre.textContent = JSON.stringify(out);
+    document.body.appendChild(pre);
+  });
+});
 </script>"""
 
 
@@ -323,7 +332,8 @@ def chromium(page: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def chromium_dom(page: Path) -> tuple[str, str]:
     """Load ``page`` in headless chromium; the DOM after scripts ran, and its log."""
-    done = chromium(page, "--dump-dom")
+    # Virtual time lets the page's load handlers and animation frames run before the dump.
+    done = chromium(page, "--virtual-time-budget=2000", "--dump-dom")
     return done.stdout, done.stderr
 
 
@@ -359,6 +369,12 @@ def assert_timeline_works(dom: str, log: str, found: dict, num_ranks: int) -> No
     assert shown_range(found["zoom_after"]) == pytest.approx(
         shown_range(found["zoom_before"]) / 2, rel=0.05)
     assert shown_range(found["zoom_wheel"]) < shown_range(found["zoom_after"])
+    start = re.match(r"showing (-?[\d.]+)", found["zoom_wheel"]).group(1)  # type: ignore[union-attr]
+    dragged = re.match(r"showing (-?[\d.]+)", found["zoom_dragged"]).group(1)  # type: ignore[union-attr]
+    # Dragging the picture left shows later times, the visible width unchanged.
+    assert float(dragged) > float(start)
+    assert shown_range(found["zoom_dragged"]) == pytest.approx(
+        shown_range(found["zoom_wheel"]), abs=0.2)
 
 
 @NEEDS_CHROMIUM
