@@ -1,12 +1,13 @@
 """One self-contained HTML file a person would rather look at than a terminal report.
 
 The page needs no network: the template inlines its CSS and a small vanilla JS that draws SVG.
-Findings are folded on the server side (as ``analyze`` prints them); the timeline, the prefetch
-edges over the observed order and the diverging orders are drawn in the browser from JSON
-embedded per optimizer step. Big runs stay small: ranks that ran the same order with the same
-prefetch configuration share one order signature, each signature's order is embedded once,
-only a bounded number of ranks get their own lane and timings, and only a bounded number of
-steps are embedded at all.
+Findings are folded on the server side (as ``analyze`` prints them); the timeline (zoomable,
+one lane per rank from its own step start, ``timeline_lanes``), the prefetch edges over the
+observed order and the orders that findings compare (``order_compare``) are drawn in the
+browser from JSON embedded per optimizer step. Big runs stay small: ranks that ran the same
+order with the same prefetch configuration share one order signature, each signature's order is
+embedded once, only a bounded number of ranks get their own lane and timings, and only a
+bounded number of steps are embedded at all.
 """
 
 from __future__ import annotations
