@@ -18,7 +18,7 @@ REQUIRED = {"X": {"name", "ph", "ts", "dur", "pid", "tid"},
 
 def export(run_dir: Path) -> tuple[fsdptrace.Trace, Any, dict[str, Any]]:
     trace = fsdptrace.load(run_dir)
-    findings = fsdptrace.analyze(trace)
+    findings = fsdptrace.analyze(trace).findings
     out = io.StringIO()
     write_chrome_trace(trace, findings, out)
     return trace, findings, json.loads(out.getvalue())

@@ -1,9 +1,8 @@
 """The ``fsdptrace`` command: a thin click shell over the library.
 
-Exit codes are mapped here and only here: 0 clean, 1 findings at or above ``--fail-on``,
-2 bad input (one line on stderr, never a traceback). Only fsdptrace's own exceptions are bad
+Every error ends as one line on stderr, never a traceback: fsdptrace's own exceptions are bad
 input; any other exception is a bug in fsdptrace, said so in one line (the traceback only with
-``--debug``) and also exit 2, never 1, which CI reads as "findings".
+``--debug``). Exit codes: ``fsdptrace_cli.exit_codes``.
 """
 
 from __future__ import annotations
@@ -18,10 +17,7 @@ import click
 from fsdptrace.errors import FsdptraceError, FsdptraceWarning
 from fsdptrace.render.untrusted import printable
 from fsdptrace.version import __version__
-
-EXIT_OK = 0
-EXIT_FINDINGS = 1
-EXIT_BAD_INPUT = 2
+from fsdptrace_cli.exit_codes import EXIT_BAD_INPUT
 
 
 def report_error(error: Exception, *, debug: bool = False) -> int:
