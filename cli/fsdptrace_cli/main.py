@@ -7,6 +7,8 @@ input; any other exception is a bug in fsdptrace, said so in one line (the trace
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import traceback
 import warnings
@@ -17,7 +19,7 @@ import click
 from fsdptrace.errors import FsdptraceError, FsdptraceWarning
 from fsdptrace.render.untrusted import printable
 from fsdptrace.version import __version__
-from fsdptrace_cli.exit_codes import EXIT_BAD_INPUT
+from fsdptrace_cli.exit_codes import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE
 
 
 def report_error(error: Exception, *, debug: bool = False) -> int:
@@ -62,6 +64,11 @@ class FsdptraceGroup(click.Group):
                 return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise  # click's own exits and usage errors keep their codes
+        except BrokenPipeError:
+            # Nothing more can be said on stdout; keep the exit's own flush from failing too.
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(EXIT_BROKEN_PIPE)
         except Exception as error:
             ctx.exit(report_error(error, debug=bool(ctx.params.get("debug"))))
 
