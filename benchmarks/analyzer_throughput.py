@@ -51,7 +51,7 @@ def found(run_dir: Path, jobs: int) -> set[tuple]:
 
     import fsdptrace
 
-    findings = fsdptrace.analyze(run_dir, jobs=jobs)
+    findings = fsdptrace.analyze(run_dir, jobs=jobs).findings
     return {tuple(None if pd.isna(v) else v for v in row)
             for row in findings[WHERE].itertuples(index=False, name=None)}
 

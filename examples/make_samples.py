@@ -49,7 +49,7 @@ def record(out: Path, names: list[str], *, steps: int) -> None:
 def verify(out: Path, names: list[str], *, steps: int) -> list[str]:
     """What is wrong, per sample: each must give exactly its planted findings."""
     return [f"{name}: {problem}" for name in names
-            for problem in problems(name, fsdptrace.analyze(out / name), steps=steps)]
+            for problem in problems(name, fsdptrace.analyze(out / name).findings, steps=steps)]
 
 
 def compact(run_dir: Path) -> None:

@@ -1,8 +1,9 @@
 """fsdptrace: a flight recorder and post-mortem analyzer for PyTorch FSDP2 training jobs.
 
-``fsdptrace.attach`` records (light: torch and pyarrow only); ``fsdptrace.load`` and
-``fsdptrace.analyze`` read and check a run dir (they import pandas on first use, so a training
-process that only records never pays for it).
+``fsdptrace.attach`` records (light: torch and pyarrow only). ``fsdptrace.load`` and
+``fsdptrace.analyze`` read and check a run dir; ``analyze`` returns an ``Analysis``, which
+``Analysis.write`` writes in any of ``FORMATS``. They import pandas on first use, so a
+training process that only records never pays for it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from fsdptrace.analysis import analyze, incomplete_ranges
     from fsdptrace.record.attach import attach
     from fsdptrace.record.recorder import Recorder
+    from fsdptrace.render.formats import FORMATS
+    from fsdptrace.result import Analysis
     from fsdptrace.run_diff import RunDiff, diff
     from fsdptrace.trace import Trace, load
 
@@ -25,12 +28,16 @@ _LAZY = {
     "load": ("fsdptrace.trace", "load"),
     "Trace": ("fsdptrace.trace", "Trace"),
     "analyze": ("fsdptrace.analysis", "analyze"),
+    "Analysis": ("fsdptrace.result", "Analysis"),
+    "FORMATS": ("fsdptrace.render.formats", "FORMATS"),
     "incomplete_ranges": ("fsdptrace.analysis", "incomplete_ranges"),
     "diff": ("fsdptrace.run_diff", "diff"),
     "RunDiff": ("fsdptrace.run_diff", "RunDiff"),
 }
 
 __all__ = [
+    "FORMATS",
+    "Analysis",
     "FsdptraceError",
     "LifecycleError",
     "Recorder",

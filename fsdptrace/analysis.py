@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -32,6 +33,7 @@ from fsdptrace.checks import (
 from fsdptrace.checks.contract import Merged
 from fsdptrace.checks.order import unit_sets
 from fsdptrace.checks.tables import RankTables
+from fsdptrace.result import Analysis
 from fsdptrace.trace import TABLE_NAMES, Trace, check_meta, read_frame, to_frame
 
 
@@ -52,6 +54,8 @@ class RankSummary:
     skipped: list[chunk_gaps.SkippedChunk] = field(default_factory=list)
     # What each across-ranks check with a ``summarize`` keeps of this rank, by check name.
     summaries: dict[str, pd.DataFrame] = field(default_factory=dict)
+    # Where this rank lost rows (``checks.incomplete.COLUMNS``): what no check looked at.
+    incomplete: pd.DataFrame = field(default_factory=incomplete.empty)
 
 
 def per_rank_findings(source: Trace | RankTables, names: Iterable[str]) -> pd.DataFrame:
@@ -79,6 +83,7 @@ def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) ->
         ranks=ranks,
         summaries={check.name: check.summarize(tables)
                    for check in selected(set(names), ACROSS_RANKS) if check.summarize},
+        incomplete=tables.incomplete,
     )
 
 
@@ -133,11 +138,14 @@ def map_rank(run_dir: Path, rank: int, names: list[str]) -> RankSummary:
 
 
 def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None = None, *,
-            jobs: int = 1, progress: Callable[[int], None] | None = None) -> pd.DataFrame:
-    """Run the checks of CHECKS.md; returns findings sorted by severity, step, rank.
+            jobs: int | None = 1, scheduler: Any = None,
+            progress: Callable[[int, int], None] | None = None) -> Analysis:
+    """Run the checks of CHECKS.md over a run dir or a loaded ``Trace``.
 
-    ``source`` is a run dir (read rank by rank, ``jobs`` processes) or a loaded ``Trace``.
-    ``progress`` is called with the number of ranks done so far.
+    A run dir is read rank by rank in ``jobs`` processes (``None``: one per available core),
+    or on the Dask cluster ``scheduler`` names (``tcp://HOST:PORT`` or a
+    ``distributed.Client``). ``progress(done, total)`` is called as ranks finish. Returns an
+    ``Analysis``: the findings, sorted by severity, step, rank, with the facts that frame them.
     """
     names = resolve(list(checks) if checks is not None else None)
     if isinstance(source, Trace):
@@ -145,8 +153,21 @@ def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None
     run_dir = Path(source)
     reader.check_run_dir(run_dir)
     ranks = reader.discover_ranks(run_dir)
-    summaries = _map_ranks(run_dir, ranks, names, jobs, progress)
-    return reduce_run_dir(run_dir, summaries, names)
+    if scheduler is not None:
+        from fsdptrace.distributed import map_distributed
+
+        summaries = map_distributed(run_dir, ranks, names, scheduler, progress)
+    else:
+        summaries = _map_ranks(run_dir, ranks, names, available_cores() if jobs is None
+                               else jobs, progress)
+    return _result(reduce_run_dir(run_dir, summaries, names), summaries, names,
+                   run_dir=run_dir)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), for the default ``jobs``."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
 
 
 def incomplete_ranges(source: str | os.PathLike[str] | Trace) -> pd.DataFrame:
@@ -154,7 +175,7 @@ def incomplete_ranges(source: str | os.PathLike[str] | Trace) -> pd.DataFrame:
 
     One row per contiguous run (``checks.incomplete.COLUMNS``: rank, table, first/last step
     and micro-step, num_rows); empty for a run without drops. A run dir is read for its
-    markers only.
+    markers only. (``analyze(...).incomplete`` holds the same, from the analysis's own read.)
     """
     if isinstance(source, Trace):
         return incomplete.parse(source.markers)
@@ -162,6 +183,20 @@ def incomplete_ranges(source: str | os.PathLike[str] | Trace) -> pd.DataFrame:
     reader.check_run_dir(run_dir)
     ranks = reader.discover_ranks(run_dir)
     return incomplete.from_arrow(reader.read_ranks(run_dir, "markers", ranks))
+
+
+def _result(found: pd.DataFrame, summaries: list[RankSummary], names: list[str], *,
+            run_dir: Path | None, source: Trace | None = None) -> Analysis:
+    """The ``Analysis`` of a reduced run: findings plus what the map step learned on the way."""
+    ranks = sorted({r for s in summaries for r in s.ranks})
+    meta = _concat_field(summaries, "meta")
+    world_size = (int(meta["world_size"].max()) if len(meta) and "world_size" in meta
+                  else len(ranks))
+    lost = _concat_field(summaries, "incomplete")
+    return Analysis(findings=found, run_dir=run_dir, ranks=tuple(ranks), world_size=world_size,
+                    endings=endings.rank_endings(_concat_field(summaries, "ends"), ranks),
+                    incomplete=lost if len(lost) else incomplete.empty(),
+                    checks=tuple(names), source=source)
 
 
 def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
@@ -179,21 +214,22 @@ def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
     return reduce_summaries(summaries, names, fetch_orders, fetch_prefetch)
 
 
-def _analyze_trace(trace: Trace, names: list[str]) -> pd.DataFrame:
+def _analyze_trace(trace: Trace, names: list[str]) -> Analysis:
     tables = RankTables.from_trace(trace)
     summary = map_tables(tables, names, ranks=trace.ranks)
-    return reduce_summaries([summary], names, lambda _, wanted: tables.orders(wanted),
-                            lambda _: trace.prefetch)
+    found = reduce_summaries([summary], names, lambda _, wanted: tables.orders(wanted),
+                             lambda _: trace.prefetch)
+    return _result(found, [summary], names, run_dir=trace.run_dir, source=trace)
 
 
 def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
-               progress: Callable[[int], None] | None) -> list[RankSummary]:
+               progress: Callable[[int, int], None] | None) -> list[RankSummary]:
     summaries: list[RankSummary] = []
     if jobs <= 1 or len(ranks) <= 1:
         for rank in ranks:
             summaries.append(map_rank(run_dir, rank, names))
             if progress:
-                progress(len(summaries))
+                progress(len(summaries), len(ranks))
         return summaries
     with ProcessPoolExecutor(max_workers=jobs, initializer=chunk_gaps.quiet) as pool:
         for summary in pool.map(map_rank, [run_dir] * len(ranks), ranks, [names] * len(ranks),
@@ -202,9 +238,10 @@ def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
                 chunk_gaps.note(chunk)
             summaries.append(summary)
             if progress:
-                progress(len(summaries))
+                progress(len(summaries), len(ranks))
     return summaries
 
 
-__all__ = ["CHECKS", "RankSummary", "analyze", "incomplete_ranges", "map_rank", "map_trace",
-           "per_rank_findings", "reduce_run_dir", "reduce_summaries"]
+__all__ = ["CHECKS", "Analysis", "RankSummary", "analyze", "available_cores",
+           "incomplete_ranges", "map_rank", "map_trace", "per_rank_findings", "reduce_run_dir",
+           "reduce_summaries"]

@@ -12,14 +12,11 @@ Dask is an optional extra: ``pip install 'fsdptrace[dask]'``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from fsdptrace import analysis, chunk_gaps, reader
-from fsdptrace.checks import resolve
+from fsdptrace import analysis, chunk_gaps
 from fsdptrace.errors import FsdptraceError
 
 # How long to wait for a scheduler to answer: ``FSDPTRACE_DASK_CONNECT_TIMEOUT`` (seconds).
@@ -53,18 +50,16 @@ def _connect_timeout_s() -> float:
         return DEFAULT_CONNECT_TIMEOUT_S
 
 
-def analyze_distributed(run_dir: str | os.PathLike[str], scheduler: Any,
-                        checks: Iterable[str] | None = None, *,
-                        progress: Callable[[int], None] | None = None) -> pd.DataFrame:
-    """``fsdptrace.analyze(run_dir)``, with the per-rank map run on a Dask cluster.
+def map_distributed(run_dir: Path, ranks: list[int], names: list[str], scheduler: Any,
+                    progress: Callable[[int, int], None] | None = None
+                    ) -> list[analysis.RankSummary]:
+    """The map step of ``fsdptrace.analyze(run_dir, scheduler=...)``, one task per rank.
 
     ``scheduler``: ``tcp://HOST:PORT`` of a running scheduler, or a ``distributed.Client``.
-    Returns the same findings table as the local analyzer.
+    The caller reduces the summaries exactly as it does those of local processes, so the
+    findings are the same on every path.
     """
-    names = resolve(list(checks) if checks is not None else None)
-    path = Path(run_dir).resolve()
-    reader.check_run_dir(path)
-    ranks = reader.discover_ranks(path)
+    path = Path(run_dir).resolve()  # workers resolve nothing: they get the absolute path
     client = _client(scheduler)
     own_client = client is not scheduler
     try:
@@ -75,12 +70,12 @@ def analyze_distributed(run_dir: str | os.PathLike[str], scheduler: Any,
         for done, future in enumerate(as_completed(futures), start=1):
             future.result()  # raises the worker's error, naming the rank's file
             if progress:
-                progress(done)
-        summaries = [future.result() for future in futures]
+                progress(done, len(ranks))
+        summaries: list[analysis.RankSummary] = [future.result() for future in futures]
         for summary in summaries:  # what the workers skipped is said here, once
             for chunk in summary.skipped:
                 chunk_gaps.note(chunk)
     finally:
         if own_client:
             client.close()
-    return analysis.reduce_run_dir(path, summaries, names)
+    return summaries

@@ -166,7 +166,7 @@ def diff(run_a: str | os.PathLike[str] | Trace, run_b: str | os.PathLike[str] | 
         ranks=tuple(r for r, _, _ in pairs if r is not None),
         units=tuple(changes["units"]), orders=tuple(changes["orders"]),
         prefetch=tuple(changes["prefetch"]), settings=tuple(changes["settings"]),
-        findings=finding_changes(analyze(a), analyze(b)),
+        findings=finding_changes(analyze(a).findings, analyze(b).findings),
         allgather_bytes=tuple(changes["allgather_bytes"]),
     )
 

@@ -138,7 +138,7 @@ class Trace:
         from fsdptrace.analysis import analyze
 
         s = self.summary()
-        num_findings = len(analyze(self))
+        num_findings = len(analyze(self).findings)
         rows = "".join(
             f"<tr><th style='text-align:left'>{html.escape(str(k))}</th>"
             f"<td>{html.escape(str(v))}</td></tr>"

@@ -35,25 +35,26 @@ def test_every_planted_finding_and_nothing_else(tiny: tuple[Path, set[tuple]]) -
     assert checks == set(CHECKS) - {"wasted-prefetch", "redundant-prefetch",
                                     "gradient-divergence", "eval-divergence",
                                     "setting-divergence", "unsharded-excess"}
-    assert where(fsdptrace.analyze(run_dir)) == expected
+    assert where(fsdptrace.analyze(run_dir).findings) == expected
 
 
 def test_run_dir_trace_and_processes_agree(tiny: tuple[Path, set[tuple]]) -> None:
     run_dir, _ = tiny
-    serial = fsdptrace.analyze(run_dir)
-    pd.testing.assert_frame_equal(serial, fsdptrace.analyze(run_dir, jobs=2))
-    pd.testing.assert_frame_equal(serial, fsdptrace.analyze(fsdptrace.load(run_dir)))
+    serial = fsdptrace.analyze(run_dir).findings
+    pd.testing.assert_frame_equal(serial, fsdptrace.analyze(run_dir, jobs=2).findings)
+    pd.testing.assert_frame_equal(serial, fsdptrace.analyze(fsdptrace.load(run_dir)).findings)
 
 
 def test_repeated_analysis_is_identical(tiny: tuple[Path, set[tuple]]) -> None:
     run_dir, _ = tiny
-    pd.testing.assert_frame_equal(fsdptrace.analyze(run_dir), fsdptrace.analyze(run_dir))
+    pd.testing.assert_frame_equal(fsdptrace.analyze(run_dir).findings,
+                                  fsdptrace.analyze(run_dir).findings)
 
 
 def test_larger_shape_scales_the_same_findings(tmp_path: Path) -> None:
     shape = generate_run.Shape(ranks=9, steps=13, micro_steps=3, units=7, stages=3)
     expected = generate_run.generate(tmp_path / "run", shape)
-    assert where(fsdptrace.analyze(tmp_path / "run", jobs=2)) == expected
+    assert where(fsdptrace.analyze(tmp_path / "run", jobs=2).findings) == expected
 
 
 def test_generator_writes_the_real_format(tiny: tuple[Path, set[tuple]]) -> None:

@@ -62,7 +62,7 @@ def test_a_skipped_unit_with_kept_buffers_is_not_bypassed(runs: dict[str, Path])
     """``b`` skipped on odd steps, ``zero_grad(set_to_none=False)``: FSDP2 keeps ``b``'s
     zero-filled sharded gradients (``has_grad`` at every boundary) but writes none of them in
     the skipped steps, so rule 2 is clean; only the order change is reported (a warning)."""
-    findings = fsdptrace.analyze(runs["skipped_unit"])
+    findings = fsdptrace.analyze(runs["skipped_unit"]).findings
     assert set(findings["check"]) == {"order-instability"}, findings.to_string()
 
 
@@ -74,7 +74,7 @@ def test_a_real_bypass_with_kept_buffers_is_an_error(runs: dict[str, Path]) -> N
     ``b`` on the odd steps only (even steps run ``b`` normally with the same kept buffers),
     and rule 3 the parameters the manual ``unshard()`` left gathered.
     """
-    findings = fsdptrace.analyze(runs["bypass_kept_buffers"])
+    findings = fsdptrace.analyze(runs["bypass_kept_buffers"]).findings
     assert [kind for kind, _ in case_result(runs["bypass_kept_buffers"], 0)[
         "b_weight_after_backward"]] == ["DTensor", "Parameter"] * 2
     assert where(findings, "bypassed-unit", ["rank", "step", "unit", "parameters"]) == {
@@ -94,7 +94,7 @@ def test_live_checks_agree_on_rule_2(runs: dict[str, Path]) -> None:
         assert "raised" not in case_result(runs["skipped_unit_live"], rank)
         assert case_result(runs["bypass_kept_buffers_live"], rank)["raised"] == {
             "step": 1, "checks": ["bypassed-unit", "pending-all-gather"]}
-    offline = fsdptrace.analyze(runs["bypass_kept_buffers_live"])
+    offline = fsdptrace.analyze(runs["bypass_kept_buffers_live"]).findings
     assert where(offline, "bypassed-unit", ["rank", "step", "unit"]) == {
         (r, 1, "b") for r in RANKS}
 
@@ -104,7 +104,7 @@ def test_accumulation_with_reshard_after_backward_false_is_clean(runs: dict[str,
     """Forward prefetch a -> b -> c; ``reshard_after_backward`` False but for the last
     micro-step's backward. FSDP2 keeps the units unsharded into micro-step 1 (its forward
     prefetches are no-ops) and reshards them after the last backward: nothing is reported."""
-    findings = fsdptrace.analyze(runs["accumulate_unsharded"])
+    findings = fsdptrace.analyze(runs["accumulate_unsharded"]).findings
     assert findings.empty, findings.to_string()
     assert case_result(runs["accumulate_unsharded"], 0)["b_unsharded_at_boundary"] == [
         False, False]
@@ -117,7 +117,7 @@ def test_reshard_after_backward_left_off_names_the_setting(runs: dict[str, Path]
     """``reshard_after_backward`` stays False: FSDP2 leaves every unit unsharded at the
     boundary, and from step 1 on the forward prefetches are no-ops in every micro-step. Rule 3
     names the setting as the cause; rule 9 is silent (unsharded by design)."""
-    findings = fsdptrace.analyze(runs["reshard_after_backward_left_off"])
+    findings = fsdptrace.analyze(runs["reshard_after_backward_left_off"]).findings
     assert set(findings["check"]) == {"pending-all-gather"}, findings.to_string()
     assert set(zip(findings["rank"], findings["step"], findings["unit"], strict=True)) == {
         (r, s, u) for r in RANKS for s in (0, 1) for u in ("a", "b", "c")}
@@ -134,7 +134,7 @@ def test_an_edge_dead_for_a_whole_step_warns_once(runs: dict[str, Path]) -> None
     """``a`` prefetches ``b`` and ``c``, ``b`` prefetches ``c`` too: FSDP2 finds ``c``'s
     all-gather pending at each call of ``b`` and makes ``b``'s prefetch a no-op. One warning
     per rank and step, at the first no-op, naming ``a``'s prefetch as what gathered ``c``."""
-    findings = fsdptrace.analyze(runs["dead_edge"])
+    findings = fsdptrace.analyze(runs["dead_edge"]).findings
     assert set(findings["check"]) == {"redundant-prefetch"}, findings.to_string()
     assert where(findings, "redundant-prefetch",
                  ["rank", "step", "micro_step", "phase", "unit", "target", "severity"]) == {
@@ -148,7 +148,7 @@ def test_an_eval_forward_before_the_step_is_named_as_the_cause(runs: dict[str, P
     """Units sharded with ``reshard_after_forward=False``, a no_grad forward between backward
     and ``optimizer.step()``: FSDP2 all-gathers every unit for it and keeps them unsharded
     over the boundary. Rule 3 names the eval forward and suggests resharding after eval."""
-    findings = fsdptrace.analyze(runs["eval_before_step"])
+    findings = fsdptrace.analyze(runs["eval_before_step"]).findings
     pending = findings[findings["check"] == "pending-all-gather"]
     assert set(zip(pending["rank"], pending["step"], pending["unit"], strict=True)) == {
         (r, s, u) for r in RANKS for s in (0, 1) for u in ("a", "b", "c")}
@@ -162,7 +162,7 @@ def test_gradients_diverging_in_a_no_sync_micro_step(diverging: dict[str, Path])
     parameters of ``c`` on rank 1 against 2 on rank 0 and gloo aborts rank 0 (see
     ``test_recorded_for_checks``). Rule 10 reports rank 1 at micro-step 0, where the gradients
     began to differ; rule 6 says both ranks stopped at the same place."""
-    findings = fsdptrace.analyze(diverging["one_rank_param_in_no_sync"])
+    findings = fsdptrace.analyze(diverging["one_rank_param_in_no_sync"]).findings
     assert where(findings, "gradient-divergence",
                  ["rank", "step", "micro_step", "phase", "unit", "parameters"]) == {
         (1, 0, 0, "backward", "c", "c.extra.bias, c.extra.weight")}
@@ -180,7 +180,7 @@ def test_gradients_clean_twins(runs: dict[str, Path], diverging: dict[str, Path]
     missing ``c.extra`` and the job finishes; with ``c.extra`` used on both ranks nothing
     differs. Neither is a finding of any check."""
     run_dir = runs[scenario] if scenario in runs else diverging[scenario]
-    findings = fsdptrace.analyze(run_dir)
+    findings = fsdptrace.analyze(run_dir).findings
     assert findings.empty, findings.to_string()
 
 
@@ -188,13 +188,13 @@ def test_uneven_eval_batches(runs: dict[str, Path], diverging: dict[str, Path]) 
     """2 validation batches on rank 0, 3 on rank 1: FSDP2 all-gathers in each, rank 1 waits in
     the third's first all-gather until rank 0 exits. Rule 11 reports rank 1's interval 1 (the
     tie goes to rank 0's) from its ninth eval forward; the even twin is clean."""
-    findings = fsdptrace.analyze(diverging["uneven_eval"])
+    findings = fsdptrace.analyze(diverging["uneven_eval"]).findings
     assert where(findings, "eval-divergence", ["rank", "step", "position", "unit", "target"]) \
         == {(1, 1, 8, "<root>", "<end>")}
     message = findings.loc[findings["check"] == "eval-divergence", "message"].iloc[0]
     assert "ran 10 eval forwards in eval interval 1" in message
     assert "<root> x3, a x3, b x2, c x2" in message and "ran 8:" in message
-    assert fsdptrace.analyze(runs["even_eval"]).empty
+    assert fsdptrace.analyze(runs["even_eval"]).findings.empty
 
 
 def test_one_rank_skipping_gradient_sync(diverging: dict[str, Path]) -> None:
@@ -202,7 +202,7 @@ def test_one_rank_skipping_gradient_sync(diverging: dict[str, Path]) -> None:
     sets ``requires_all_reduce`` with it, and the ranks issue different collectives until one
     gloo recv times out. Rule 12 reports both settings of every unit on rank 1 (the tie goes to
     rank 0); rule 6 names the rank furthest behind. The twin is ``same_sync``."""
-    findings = fsdptrace.analyze(diverging["one_rank_skips_sync"])
+    findings = fsdptrace.analyze(diverging["one_rank_skips_sync"]).findings
     assert where(findings, "setting-divergence", ["rank", "step", "micro_step", "unit",
                                                   "target"]) == {
         (1, 0, 1, u, s) for u in ("a", "b", "c")

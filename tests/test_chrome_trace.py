@@ -28,7 +28,7 @@ EPOCH_2020_US = 1_577_836_800 * 10**6
 
 def export(run_dir: Path) -> tuple[fsdptrace.Trace, Any, dict[str, Any]]:
     trace = fsdptrace.load(run_dir)
-    findings = fsdptrace.analyze(trace)
+    findings = fsdptrace.analyze(trace).findings
     out = io.StringIO()
     write_chrome_trace(trace, findings, out)
     return trace, findings, json.loads(out.getvalue())
@@ -188,7 +188,7 @@ def test_run_without_provenance_has_units_and_no_gathers() -> None:
     trace.meta["wall_anchor_ns"] = 1_700_000_000 * 10**9
     trace.meta["mono_anchor_ns"] = 0
     out = io.StringIO()
-    write_chrome_trace(trace, pd.DataFrame(columns=fsdptrace.analyze(trace).columns), out)
+    write_chrome_trace(trace, pd.DataFrame(columns=fsdptrace.analyze(trace).findings.columns), out)
     doc = json.loads(out.getvalue())
     assert of(doc, "X") == [] and len(of(doc, "i", "unit")) == len(trace.events)
     assert doc["otherData"]["num_all_gathers"] == 0
@@ -202,7 +202,7 @@ def test_a_recording_without_ends_has_instants_and_gathers_without_flows(
     trace.allgathers = trace.allgathers[trace.allgathers["event"].astype(str) != "reshard"]
     trace.backward_grads = trace.backward_grads.iloc[0:0]
     out = io.StringIO()
-    write_chrome_trace(trace, fsdptrace.analyze(trace), out)
+    write_chrome_trace(trace, fsdptrace.analyze(trace).findings, out)
     doc = json.loads(out.getvalue())
     assert of(doc, "X", "unit") == [] and len(of(doc, "i", "unit")) == len(trace.events)
     assert len(of(doc, "X", "all-gather")) == doc["otherData"]["num_all_gathers"] > 0

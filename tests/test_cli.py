@@ -150,6 +150,23 @@ def test_suggest(scenario_runs: Path) -> None:
     assert "+ forward  'layers.2' -> 'layers.3'  (add)" in result.stdout
 
 
+def test_a_reader_that_closes_stdout_early_gets_no_traceback(scenario_runs: Path) -> None:
+    # `fsdptrace analyze RUN | head -1` where head is gone before the report is written: the
+    # pipe's read end is closed before the command starts, so its first write fails.
+    command = [sys.executable, "-m", "fsdptrace_cli.main", "analyze",
+               str(scenario_runs / "wrong-forward-prefetch"), "-j", "1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "cli")])}
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(command, stdout=write_end, stderr=subprocess.PIPE, env=env,
+                                timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141, result.stderr
+    assert result.stderr == b""
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 OUTPUT_COMMANDS = [("analyze", "-o"), ("analyze", "--format", "json", "-o"), ("report", "-o"),

@@ -40,21 +40,21 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_cluster_findings_equal_local(run_dir: Path, scheduler: str) -> None:
-    from fsdptrace.distributed import analyze_distributed
-
-    done: list[int] = []
-    remote = analyze_distributed(run_dir, scheduler, progress=done.append)
+    done: list[tuple[int, int]] = []
+    remote = fsdptrace.analyze(run_dir, scheduler=scheduler,
+                               progress=lambda *args: done.append(args))
     local = fsdptrace.analyze(run_dir)
-    assert len(local) > 10
-    pd.testing.assert_frame_equal(remote, local)
-    assert done == list(range(1, len(fsdptrace.load(run_dir).ranks) + 1))
+    assert len(local.findings) > 10
+    pd.testing.assert_frame_equal(remote.findings, local.findings)
+    pd.testing.assert_frame_equal(remote.endings, local.endings)
+    assert (remote.ranks, remote.world_size) == (local.ranks, local.world_size)
+    num_ranks = len(fsdptrace.load(run_dir).ranks)
+    assert done == [(n, num_ranks) for n in range(1, num_ranks + 1)]
 
 
 def test_cluster_selected_checks(run_dir: Path, scheduler: str) -> None:
-    from fsdptrace.distributed import analyze_distributed
-
-    remote = analyze_distributed(run_dir, scheduler, ["rank-divergence"])
-    assert set(remote["check"]) == {"rank-divergence"}
+    remote = fsdptrace.analyze(run_dir, ["rank-divergence"], scheduler=scheduler)
+    assert set(remote.findings["check"]) == {"rank-divergence"}
 
 
 def test_cli_scheduler_option(run_dir: Path, scheduler: str) -> None:
@@ -68,12 +68,12 @@ def test_cli_scheduler_option(run_dir: Path, scheduler: str) -> None:
 
 def test_unreachable_scheduler_is_one_line(run_dir: Path, monkeypatch: pytest.MonkeyPatch
                                           ) -> None:
-    from fsdptrace.distributed import CONNECT_TIMEOUT_ENV, analyze_distributed
+    from fsdptrace.distributed import CONNECT_TIMEOUT_ENV
 
     monkeypatch.setenv(CONNECT_TIMEOUT_ENV, "2")  # nobody listens on port 1: fail fast
 
     with pytest.raises(fsdptrace.FsdptraceError, match="cannot reach the Dask scheduler"):
-        analyze_distributed(run_dir, "tcp://127.0.0.1:1")
+        fsdptrace.analyze(run_dir, scheduler="tcp://127.0.0.1:1")
 
 
 def test_without_dask_says_how_to_install(run_dir: Path) -> None:

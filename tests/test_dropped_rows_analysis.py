@@ -95,8 +95,8 @@ def analyzed(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[TraceB
     def run(b: TraceBuilder) -> set[Where]:
         trace = b.build()
         if request.param == "trace":
-            return where(analyze(trace))
-        return where(analyze(write_run_dir(trace, tmp_path / "run"), jobs=1))
+            return where(analyze(trace).findings)
+        return where(analyze(write_run_dir(trace, tmp_path / "run"), jobs=1).findings)
     return run
 
 
@@ -204,10 +204,11 @@ def test_ranges_summary_and_report_say_what_was_not_checked(tmp_path: Path) -> N
     assert overview(load(run_dir))["incomplete_steps"] == {
         "1": f"steps 1-2 (events: {2 + count:,} rows)"}
     out = io.StringIO()
-    text.render(analyze(run_dir, jobs=1), out, run_dir="r", num_ranks=2, world_size=2,
-                incomplete=ranges)
+    analysis = analyze(run_dir, jobs=1)
+    pd.testing.assert_frame_equal(analysis.incomplete, ranges)
+    text.render(analysis, out)
     assert out.getvalue() == (
-        "OK: no findings across 2 of 2 ranks\nrun dir: r\n"
+        f"OK: no findings across 2 of 2 ranks\nrun dir: {run_dir}\n"
         f"rank 1 dropped {2 + count:,} rows in steps 1-2: those micro-steps were not checked\n")
 
 

@@ -76,7 +76,7 @@ def _ending(run_dir: Path, rank: int) -> tuple[str, str]:
 
 def _assert_stalled(run_dir: Path, truth: tuple, ending: str) -> None:
     """Stalled-rank for rank 1, at the truth when its events reached the disk; nothing else."""
-    found = fsdptrace.analyze(run_dir)
+    found = fsdptrace.analyze(run_dir).findings
     assert set(found["check"]) == {"stalled-rank"}, found[["check", "rank", "message"]]
     message = str(found.loc[found["rank"] == 1, "message"].iloc[0])
     assert ending in message, message
@@ -159,7 +159,7 @@ def test_killed_rank_has_no_ending_and_is_stalled(tmp_path: Path, sig: signal.Si
     _killed(tmp_path, sig)
     run_dir = tmp_path / "run"
     assert _ending(run_dir, 1) == ("killed or hung", "")
-    found = fsdptrace.analyze(run_dir)
+    found = fsdptrace.analyze(run_dir).findings
     assert set(found["check"]) == {"stalled-rank"}, found[["check", "rank", "message"]]
     message = str(found.loc[found["rank"] == 1, "message"].iloc[0])
     assert "killed, hung, or still running" in message
@@ -234,13 +234,13 @@ def test_reset_iter_state_aborts_the_open_micro_step(tmp_path: Path) -> None:
                                                strict=True)] == [(1, 0)]
     assert _ending(run_dir, 0) == ("clean", "")
     # The aborted forward is cut off: no check reads its missing backward as a finding.
-    assert not len(fsdptrace.analyze(run_dir))
+    assert not len(fsdptrace.analyze(run_dir).findings)
 
 
 # ------------------------------------------------------------------ one hang, read three ways
 def _stalled_where(run_dir: Path) -> list[tuple]:
     """Each stalled-rank finding without its ending: where the rank stopped and the verdict."""
-    found = fsdptrace.analyze(run_dir)
+    found = fsdptrace.analyze(run_dir).findings
     assert set(found["check"]) == {"stalled-rank"}, found[["check", "rank", "message"]]
     return sorted((int(r["rank"]), int(r["step"]), int(r["micro_step"]), str(r["phase"]),
                    str(r["unit"]), str(r["message"]).split("; stopped at ", 1)[1])

@@ -7,6 +7,7 @@ import io
 from fsdptrace.checks import findings
 from fsdptrace.render import text
 from fsdptrace.render.folding import fold, rank_ranges
+from tests.analyses import analysis_of
 
 
 def _finding(rank: int, step: int, message: str, unit: str = "layers.3") -> dict:
@@ -48,7 +49,7 @@ def test_text_report_says_numbers_vary_only_when_they_do() -> None:
     varied = findings.from_records([_finding(0, 0, "held 2 ms"), _finding(1, 0, "held 3 ms")])
     for frame, expected in ((same, False), (varied, True)):
         out = io.StringIO()
-        text.render(frame, out, run_dir="r", num_ranks=2, world_size=2)
+        text.render(analysis_of(frame), out)
         report = out.getvalue()
         assert ("(first of 2; their numbers vary)" in report) is expected
         assert "ranks 0-1 | step 0 | micro-step 0 | forward | layers.3 -> layers.2" in report

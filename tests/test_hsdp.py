@@ -59,7 +59,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def findings(run_dir: Path) -> pd.DataFrame:
-    return fsdptrace.analyze(run_dir)
+    return fsdptrace.analyze(run_dir).findings
 
 
 def keys(found: pd.DataFrame, check: str) -> list[tuple]:
@@ -384,6 +384,6 @@ def test_the_reference_layout_is_read_live_and_offline(case: str, tmp_path: Path
     lines = [line for line in str(error).splitlines() if line.startswith("  - ")]
     assert len(lines) == 1 and all(f in lines[0] for f in fragments), str(error)
     assert "pending-all-gather (" in str(error)
-    offline = fsdptrace.analyze(tmp_path)
+    offline = fsdptrace.analyze(tmp_path).findings
     assert _rows(offline) == _rows(error.findings) == _rows(read_table(tmp_path, "findings"))
 

@@ -86,7 +86,7 @@ def test_findings_are_on_disk_and_match_the_analysis(job: tuple[Path, dict], cas
     # Every message of rank 0 appears in the exception, and the post-mortem finds the same.
     rank0 = on_disk[on_disk["rank"] == 0]
     assert all(m in results[case]["raised"]["message"] for m in rank0["message"])
-    offline = fsdptrace.analyze(out / case)
+    offline = fsdptrace.analyze(out / case).findings
     errors = offline[offline["severity"] == "error"]
     # Offline messages may add all-gather provenance ("issued by ..."), a table the live
     # path does not hold; the findings themselves must be the same rows.

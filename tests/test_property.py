@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsdptrace import analyze, schema
-from fsdptrace.render import as_json, markdown, text
+from fsdptrace.render.formats import FORMATS
+from fsdptrace.result import Analysis
 from tests.trace_builder import ROOT, TraceBuilder, clean_run
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -49,13 +50,12 @@ def _build(layout: dict, **kwargs: object) -> TraceBuilder:
     )  # type: ignore[arg-type]
 
 
-def _render_all(findings: pd.DataFrame) -> dict:
+def _render_all(analysis: Analysis) -> dict:
     """Every report format renders; the JSON one parses back to the same findings."""
-    context = {"run_dir": "x", "num_ranks": 1, "world_size": 1}
-    for module in (text, markdown):
-        module.render(findings, io.StringIO(), **context)
+    for name in ("text", "markdown", "html", "chrome-trace"):
+        FORMATS[name].render(analysis, io.StringIO())
     out = io.StringIO()
-    as_json.render(findings, out, run_dir="x", ranks=[0], world_size=1, summary={})
+    FORMATS["json"].render(analysis, out)
     return json.loads(out.getvalue())
 
 
@@ -69,9 +69,10 @@ def _found(findings: pd.DataFrame, check: str, **where: object) -> pd.DataFrame:
 @SETTINGS
 @given(layouts())
 def test_healthy_traces_have_no_findings(layout: dict) -> None:
-    findings = analyze(_build(layout).build())
+    analysis = analyze(_build(layout).build())
+    findings = analysis.findings
     assert findings.empty, findings.to_dict("records")
-    _render_all(findings)
+    _render_all(analysis)
 
 
 @SETTINGS
@@ -90,7 +91,8 @@ def test_wrong_prefetch_edge_is_found(layout: dict, data: st.DataObject) -> None
     b = _build(layout)
     # A later snapshot for this rank: the source prefetches a unit that already ran.
     b.edges(rank, 1, 0, {(source, schema.FORWARD): [target]}, units)
-    findings = analyze(b.build())
+    analysis = analyze(b.build())
+    findings = analysis.findings
     hit = _found(
         findings,
         "prefetch-order",
@@ -102,7 +104,7 @@ def test_wrong_prefetch_edge_is_found(layout: dict, data: st.DataObject) -> None
         target=target,
     )
     assert len(hit) == 1, findings.to_dict("records")
-    document = _render_all(findings)
+    document = _render_all(analysis)
     assert {"unit": source, "target": target} in [
         {"unit": f["unit"], "target": f["target"]} for f in document["findings"]
     ]
@@ -117,11 +119,12 @@ def test_bypassed_unit_with_gradients_is_found(layout: dict, data: st.DataObject
     b = _build(layout)
     b.unit(rank, ghost)
     b.gradient(rank, step, layout["micro_steps"] - 1, ghost, ghost + ".weight")
-    findings = analyze(b.build())
+    analysis = analyze(b.build())
+    findings = analysis.findings
     hit = _found(findings, "bypassed-unit", rank=rank, step=step, unit=ghost)
     assert len(hit) == 1, findings.to_dict("records")
     assert ghost + ".weight" in hit["message"].iloc[0]
-    _render_all(findings)
+    _render_all(analysis)
 
 
 @SETTINGS
@@ -132,7 +135,8 @@ def test_pending_all_gather_is_found(layout: dict, data: st.DataObject) -> None:
     unit = data.draw(st.sampled_from(layout["units"]))
     b = _build(layout)
     b.pending(rank, step, layout["micro_steps"] - 1, unit)
-    findings = analyze(b.build())
+    analysis = analyze(b.build())
+    findings = analysis.findings
     assert len(_found(findings, "pending-all-gather", rank=rank, step=step, unit=unit)) == 1
 
 
@@ -154,7 +158,8 @@ def test_rank_with_swapped_order_is_found(layout: dict, data: st.DataObject) -> 
         == (rank, step, micro, schema.FORWARD)
     ]
     group[i]["unit"], group[j]["unit"] = group[j]["unit"], group[i]["unit"]
-    findings = analyze(b.build())
+    analysis = analyze(b.build())
+    findings = analysis.findings
     hit = _found(findings, "rank-divergence", step=step, micro_step=micro, phase="forward")
     assert len(hit) >= 1, findings.to_dict("records")
     # With two ranks the tie goes to rank 0's order; with more, the swapped rank is alone.
@@ -169,7 +174,8 @@ def test_rank_without_close_is_stalled(layout: dict, data: st.DataObject) -> Non
     world_size = layout["world_size"]
     stalled = data.draw(st.sets(st.integers(0, world_size - 1), min_size=1))
     b = _build(layout, closed=set(range(world_size)) - stalled)
-    findings = analyze(b.build())
+    analysis = analyze(b.build())
+    findings = analysis.findings
     hit = _found(findings, "stalled-rank")
     assert set(hit["rank"].astype(int)) == stalled
     last_backward = layout["units"][1] if len(layout["units"]) > 1 else ROOT
@@ -177,7 +183,7 @@ def test_rank_without_close_is_stalled(layout: dict, data: st.DataObject) -> Non
         assert f"last unit entered {last_backward} " in message
     # Nothing else: the cut-off last micro-step is not a prefetch or order finding.
     assert set(findings["check"]) == {"stalled-rank"}
-    _render_all(findings)
+    _render_all(analysis)
 
 
 @SETTINGS
@@ -187,7 +193,8 @@ def test_missing_rank_is_reported(layout: dict) -> None:
     b.world_size += 1
     for row in b.rows["meta"]:
         row["world_size"] = b.world_size
-    findings = analyze(b.build())
+    analysis = analyze(b.build())
+    findings = analysis.findings
     hit = _found(findings, "stalled-rank")
     assert list(hit["rank"].astype(int)) == [layout["world_size"]]
     assert "has no data on disk" in hit["message"].iloc[0]

@@ -76,12 +76,12 @@ def test_issuers_of_a_chained_forward(runs: Path) -> None:
 
 
 def test_clean_chained_has_no_findings(runs: Path) -> None:
-    findings = fsdptrace.analyze(runs / "clean-chained")
+    findings = fsdptrace.analyze(runs / "clean-chained").findings
     assert findings.empty, findings.to_string()
 
 
 def test_second_call_prefetch_held_into_backward_is_wasted(runs: Path) -> None:
-    findings = fsdptrace.analyze(runs / "embed-twice")
+    findings = fsdptrace.analyze(runs / "embed-twice").findings
     assert where(findings, "wasted-prefetch") == {
         (r, s, m, "forward", "tok_embeddings", "layers.0") for r, s, m in PASSES}
     wasted = findings[findings["check"] == "wasted-prefetch"]
@@ -94,7 +94,7 @@ def test_second_call_prefetch_held_into_backward_is_wasted(runs: Path) -> None:
 
 def test_prefetch_of_a_pending_unit_is_redundant(runs: Path) -> None:
     """Dead at every call in every micro-step: one warning per step, at its first no-op."""
-    findings = fsdptrace.analyze(runs / "redundant-prefetch")
+    findings = fsdptrace.analyze(runs / "redundant-prefetch").findings
     assert set(findings["check"]) == {"redundant-prefetch"}
     assert where(findings, "redundant-prefetch") == {
         (r, s, 0, "forward", "layers.1", "layers.2") for r in RANKS for s in range(STEPS)}
@@ -103,7 +103,7 @@ def test_prefetch_of_a_pending_unit_is_redundant(runs: Path) -> None:
 
 
 def test_manual_unshard_before_step_is_pending_with_its_issuer(runs: Path) -> None:
-    findings = fsdptrace.analyze(runs / "manual-unshard")
+    findings = fsdptrace.analyze(runs / "manual-unshard").findings
     pending = findings[findings["check"] == "pending-all-gather"]
     assert rows_of(pending, "rank", "step", "unit") == {
         (r, s, "layers.1") for r in RANKS for s in range(STEPS)}
@@ -148,7 +148,7 @@ def test_pass_through_wrappers_change_no_attribution(runs: Path, case: str) -> N
     plain = read_table(runs / "embed-twice", "allgathers")
     wrapped = read_table(runs / case, "allgathers")
     assert issuers(wrapped) == issuers(plain)
-    findings = fsdptrace.analyze(runs / case)
+    findings = fsdptrace.analyze(runs / case).findings
     assert where(findings, "wasted-prefetch") == {
         (r, s, m, "forward", "tok_embeddings", "layers.0") for r, s, m in PASSES}
     for rank in RANKS:

@@ -268,7 +268,7 @@ def test_two_processes_claiming_one_rank_are_bad_input(
 
 def test_garbage_files_are_ignored(scenario_runs: Path, tmp_path: Path) -> None:
     run = copy_run(scenario_runs, tmp_path, "wrong-forward-prefetch")
-    expected = fsdptrace.analyze(run)
+    expected = fsdptrace.analyze(run).findings
     (run / "README.txt").write_text("notes")
     (run / "junk").mkdir()
     (run / "junk" / "rank=0").mkdir()
@@ -278,7 +278,7 @@ def test_garbage_files_are_ignored(scenario_runs: Path, tmp_path: Path) -> None:
     (run / "events" / "rank=0" / ".DS_Store").write_bytes(b"\x00\x01")
     (run / "events" / "rank=0" / "garbage.bin").write_bytes(b"\xff" * 100)
     (run / "events" / "rank=0" / ".part-w1-000009.parquet.tmp").write_bytes(b"PAR1")
-    pd.testing.assert_frame_equal(fsdptrace.analyze(run), expected)
+    pd.testing.assert_frame_equal(fsdptrace.analyze(run).findings, expected)
     assert analyze_cli(run).exit_code == 1
 
 
@@ -337,8 +337,8 @@ def odd_copy(scenario_runs: Path, tmp_path: Path, name: str) -> Path:
 @pytest.mark.parametrize("name", ["wrong-forward-prefetch", "rank-divergence", "killed-rank"])
 def test_odd_unit_names_keep_every_finding(scenario_runs: Path, tmp_path: Path,
                                            name: str) -> None:
-    original = fsdptrace.analyze(scenario_runs / name)
-    renamed = fsdptrace.analyze(odd_copy(scenario_runs, tmp_path, name))
+    original = fsdptrace.analyze(scenario_runs / name).findings
+    renamed = fsdptrace.analyze(odd_copy(scenario_runs, tmp_path, name)).findings
     assert len(original)
     for column in ("check", "severity", "rank", "step", "micro_step", "phase"):
         pd.testing.assert_series_equal(renamed[column], original[column])
@@ -349,7 +349,7 @@ def test_odd_unit_names_keep_every_finding(scenario_runs: Path, tmp_path: Path,
 
 def test_reports_escape_odd_unit_names(scenario_runs: Path, tmp_path: Path) -> None:
     run = odd_copy(scenario_runs, tmp_path, "wrong-forward-prefetch")
-    findings = fsdptrace.analyze(run)
+    findings = fsdptrace.analyze(run).findings
     odd_in_findings = set(findings["unit"].dropna()) & set(ODD.values())
     assert odd_in_findings
 

@@ -51,7 +51,7 @@ def write_report(run_dir: Path, out: Path, *extra: str) -> str:
 def test_report_on_every_scenario(scenario_runs: Path, tmp_path: Path, name: str) -> None:
     run_dir = scenario_runs / name
     page = write_report(run_dir, tmp_path / "r.html")
-    findings = fsdptrace.analyze(run_dir)
+    findings = fsdptrace.analyze(run_dir).findings
     trace = fsdptrace.load(run_dir)
     assert verdict(findings, num_ranks=len(trace.ranks), world_size=trace.world_size) in page
     data = embedded(page)
@@ -69,7 +69,7 @@ def test_report_on_every_scenario(scenario_runs: Path, tmp_path: Path, name: str
 
 def test_rank_divergence_orders_side_by_side(scenario_runs: Path) -> None:
     trace = fsdptrace.load(scenario_runs / "rank-divergence")
-    data = html_report.document(trace, fsdptrace.analyze(trace))
+    data = html_report.document(trace, fsdptrace.analyze(trace).findings)
     compared = data["steps"][0]["comparisons"]
     assert {c["check"] for c in compared} == {"rank-divergence"}
     assert {c["title"] for c in compared} == {
@@ -87,7 +87,7 @@ def test_rank_divergence_orders_side_by_side(scenario_runs: Path) -> None:
 def test_order_instability_orders_side_by_side(scenario_runs: Path) -> None:
     """The changed forward order beside the rank's first recorded one, equal ranks folded."""
     trace = fsdptrace.load(scenario_runs / "order-instability")
-    findings = fsdptrace.analyze(trace)
+    findings = fsdptrace.analyze(trace).findings
     data = html_report.document(trace, findings)
     flagged = findings[findings["check"] == "order-instability"]
     step = next(s for s in data["steps"] if s["step"] == int(flagged["step"].min()))
@@ -107,7 +107,7 @@ def test_lanes_start_at_each_ranks_step_start_with_skew_and_recorded_ends(
     scenario_runs: Path,
 ) -> None:
     trace = fsdptrace.load(scenario_runs / "wrong-forward-prefetch")
-    data = html_report.document(trace, fsdptrace.analyze(trace))
+    data = html_report.document(trace, fsdptrace.analyze(trace).findings)
     spans = unit_spans(trace.events, trace.allgathers, trace.backward_grads)
     shift = shifts(trace.meta)
     for step in data["steps"]:
@@ -130,7 +130,7 @@ def test_lanes_start_at_each_ranks_step_start_with_skew_and_recorded_ends(
 
 def test_prefetch_edges_are_embedded_with_the_order(scenario_runs: Path) -> None:
     trace = fsdptrace.load(scenario_runs / "wrong-forward-prefetch")
-    data = html_report.document(trace, fsdptrace.analyze(trace))
+    data = html_report.document(trace, fsdptrace.analyze(trace).findings)
     (group,) = data["steps"][0]["groups"]
     units = data["units"]
     edges = {(units[s], p, units[t]) for s, p, t in group["edges"]}
@@ -140,7 +140,7 @@ def test_prefetch_edges_are_embedded_with_the_order(scenario_runs: Path) -> None
 
 def test_stalled_run_says_where_each_rank_stopped(scenario_runs: Path) -> None:
     run_dir = scenario_runs / "killed-rank"
-    findings = fsdptrace.analyze(run_dir)
+    findings = fsdptrace.analyze(run_dir).findings
     stops = {s["ranks"]: s["where"] for s in html_report.stops(findings)}
     assert stops["1"] == "step 2 · micro-step 0 · forward · layers.3"
     assert set(stops) == {"0", "1"}
@@ -202,7 +202,7 @@ def synthetic_trace(
 
 def test_big_run_is_aggregated_and_bounded() -> None:
     trace = synthetic_trace(num_ranks=512, num_units=80, swap_rank=300, num_steps=2)
-    findings = fsdptrace.analyze(trace)
+    findings = fsdptrace.analyze(trace).findings
     assert set(findings["check"]) == {"rank-divergence", "prefetch-order"}
     out = StringIO()
     html_report.render(trace, findings, out, run_dir="synthetic", max_steps=1)
@@ -222,7 +222,7 @@ def test_names_from_the_trace_are_escaped() -> None:
         num_ranks=2, num_units=4, swap_rank=1, names=["<root>", evil, "layers.1", "layers.2"]
     )
     out = StringIO()
-    html_report.render(trace, fsdptrace.analyze(trace), out, run_dir="<b>dir</b>")
+    html_report.render(trace, fsdptrace.analyze(trace).findings, out, run_dir="<b>dir</b>")
     page = out.getvalue()
     assert "<img" not in page and "<b>dir" not in page
     block = DATA_RE.search(page)

@@ -64,12 +64,12 @@ def test_prefetch_from_mid_is_consumed_by_the_second_call(runs: Path) -> None:
 
 
 def test_edge_consumed_by_a_later_call_is_not_out_of_order(runs: Path) -> None:
-    findings = fsdptrace.analyze(runs / "mid-prefetches-shared")
+    findings = fsdptrace.analyze(runs / "mid-prefetches-shared").findings
     assert not (findings["check"] == "prefetch-order").any(), findings.to_string()
 
 
 def test_edge_after_every_call_of_its_target_is_an_error(runs: Path) -> None:
-    findings = fsdptrace.analyze(runs / "late-prefetches-shared")
+    findings = fsdptrace.analyze(runs / "late-prefetches-shared").findings
     found = findings[findings["check"] == "prefetch-order"]
     assert {(int(r), int(s), int(m)) for r, s, m in zip(
         found["rank"], found["step"], found["micro_step"], strict=True)} == PASSES

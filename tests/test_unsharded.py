@@ -67,7 +67,7 @@ def test_chrome_trace_has_a_bytes_counter_per_rank(runs: Path) -> None:
     from fsdptrace.render.chrome_trace import chrome_trace
 
     trace = fsdptrace.load(runs / "keep")
-    counters = [e for e in chrome_trace(trace, fsdptrace.analyze(trace))["traceEvents"]
+    counters = [e for e in chrome_trace(trace, fsdptrace.analyze(trace).findings)["traceEvents"]
                 if e["ph"] == "C"]
     assert {e["pid"] for e in counters} == {0, 1}
     assert max(e["args"]["bytes"] for e in counters) == 4 * UNIT_BYTES
@@ -76,8 +76,8 @@ def test_chrome_trace_has_a_bytes_counter_per_rank(runs: Path) -> None:
 
 def test_unsharded_excess_warns_with_its_cause_and_not_on_the_default(runs: Path) -> None:
     """Check 13: the kept forward parameters are 3 units above the floor on every pass."""
-    assert not len(fsdptrace.analyze(runs / "default", checks=["unsharded-excess"]))
-    found = fsdptrace.analyze(runs / "keep", checks=["unsharded-excess"])
+    assert not len(fsdptrace.analyze(runs / "default", checks=["unsharded-excess"]).findings)
+    found = fsdptrace.analyze(runs / "keep", checks=["unsharded-excess"]).findings
     assert set(found["severity"]) == {"warning"}
     assert sorted(zip(found["rank"], found["step"], strict=True)) == [
         (0, 0), (0, 1), (1, 0), (1, 1)]  # one per rank and step: its worst pass
@@ -92,7 +92,7 @@ def test_report_has_the_memory_view(runs: Path, tmp_path: Path) -> None:
     trace = fsdptrace.load(runs / "keep")
     out = tmp_path / "report.html"
     with out.open("w") as handle:
-        render(trace, fsdptrace.analyze(trace), handle, run_dir=str(runs / "keep"))
+        render(trace, fsdptrace.analyze(trace).findings, handle, run_dir=str(runs / "keep"))
     page = out.read_text()
     assert 'id="memory"' in page and page.count('<svg class="memory"') == 2
     assert "4.01 MiB" in page and "1.00 MiB" in page  # peak and floor of each rank

@@ -1,13 +1,14 @@
 """The ``fsdptrace`` command: a thin click shell over the library.
 
-Exit codes are mapped here and only here: 0 clean, 1 findings at or above ``--fail-on``,
-2 bad input (one line on stderr, never a traceback). Only fsdptrace's own exceptions are bad
+Every error ends as one line on stderr, never a traceback: fsdptrace's own exceptions are bad
 input; any other exception is a bug in fsdptrace, said so in one line (the traceback only with
-``--debug``) and also exit 2, never 1, which CI reads as "findings".
+``--debug``). Exit codes: ``fsdptrace_cli.exit_codes``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import traceback
 import warnings
@@ -18,10 +19,7 @@ import click
 from fsdptrace.errors import FsdptraceError, FsdptraceWarning
 from fsdptrace.render.untrusted import printable
 from fsdptrace.version import __version__
-
-EXIT_OK = 0
-EXIT_FINDINGS = 1
-EXIT_BAD_INPUT = 2
+from fsdptrace_cli.exit_codes import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE
 
 
 def report_error(error: Exception, *, debug: bool = False) -> int:
@@ -66,6 +64,11 @@ class FsdptraceGroup(click.Group):
                 return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise  # click's own exits and usage errors keep their codes
+        except BrokenPipeError:
+            # Nothing more can be said on stdout; keep the exit's own flush from failing too.
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(EXIT_BROKEN_PIPE)
         except Exception as error:
             ctx.exit(report_error(error, debug=bool(ctx.params.get("debug"))))
 

@@ -12,16 +12,24 @@ MIN_RANKS_FOR_BAR = 16
 
 
 @contextlib.contextmanager
-def rank_progress(total: int, label: str) -> Iterator[Callable[[int], None]]:
-    """Yields ``advance(done)``; draws a bar for many ranks on a terminal, else nothing."""
-    if total < MIN_RANKS_FOR_BAR or not sys.stderr.isatty():
-        yield lambda done: None
+def rank_progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """Yields ``advance(done, total)`` for the library's ``progress=``: a bar on a terminal
+    once ``total`` is many ranks, else nothing. The bar starts with the first call, so the
+    command need not count the ranks itself."""
+    if not sys.stderr.isatty():
+        yield lambda done, total: None
         return
-    with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
-        state = {"done": 0}
+    with contextlib.ExitStack() as stack:
+        bar: list[click._termui_impl.ProgressBar[int]] = []
+        shown = [0]
 
-        def advance(done: int) -> None:
-            bar.update(done - state["done"])
-            state["done"] = done
+        def advance(done: int, total: int) -> None:
+            if total < MIN_RANKS_FOR_BAR:
+                return
+            if not bar:
+                bar.append(stack.enter_context(
+                    click.progressbar(length=total, label=label, file=sys.stderr)))
+            bar[0].update(done - shown[0])
+            shown[0] = done
 
         yield advance

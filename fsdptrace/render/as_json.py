@@ -18,13 +18,12 @@ from fsdptrace.checks.findings import COLUMNS, ERROR, WARNING
 from fsdptrace.version import __version__
 
 if TYPE_CHECKING:
+    from fsdptrace.result import Analysis
     from fsdptrace.suggest import Suggestion
-    from fsdptrace.trace import Trace
 
 JSON_SCHEMA_VERSION = 1
 SCHEMA_FILE = "{kind}.schema.json"
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
-VERDICTS = ("clean", "warnings", "errors")
 
 
 def schema_path(kind: str) -> Path:
@@ -51,13 +50,6 @@ def records(frame: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
             for values in frame[columns].itertuples(index=False, name=None)]
 
 
-def verdict(findings: pd.DataFrame) -> str:
-    """``errors`` when any finding is an error, else ``warnings`` when any is one, else
-    ``clean``."""
-    severities = set(findings["severity"].dropna().astype(str))
-    return "errors" if ERROR in severities else "warnings" if WARNING in severities else "clean"
-
-
 def counts(findings: pd.DataFrame, checks: list[str]) -> dict[str, Any]:
     """Findings per severity, and per check and severity (every check run, zeros too)."""
     per = findings.groupby(["check", "severity"], observed=True).size()
@@ -67,28 +59,36 @@ def counts(findings: pd.DataFrame, checks: list[str]) -> dict[str, Any]:
     return {"total": len(findings), "by_severity": by_severity, "by_check": by_check}
 
 
-def document(findings: pd.DataFrame, *, run_dir: str, ranks: list[int], world_size: int,
-             summary: dict[str, Any], checks: list[str] | None = None) -> dict[str, Any]:
-    """``fsdptrace analyze --format json``: verdict, counts, every finding with its figures.
+def document(analysis: Analysis) -> dict[str, Any]:
+    """``fsdptrace analyze --format json``: verdict, counts, every finding with its figures,
+    how each rank ended and which micro-steps were not checked."""
+    from fsdptrace.checks.incomplete import COLUMNS as INCOMPLETE_COLUMNS
+    from fsdptrace.endings import COLUMNS as ENDING_COLUMNS
+    from fsdptrace.render.text import run_dir_label
+    from fsdptrace.result import SUMMARY_MAX_RANKS
 
-    ``checks``: the checks that ran (default: all of them).
-    """
-    if checks is None:
-        from fsdptrace.checks import CHECKS
+    findings, checks = analysis.findings, list(analysis.checks)
+    # The run in numbers reads every table again: for small runs only.
+    summary = dict(analysis.summary) if len(analysis.ranks) <= SUMMARY_MAX_RANKS else {}
+    summary["num_findings"] = len(findings)
+    return {**_header("analysis"), "run_dir": run_dir_label(analysis),
+            "ranks": list(analysis.ranks), "world_size": analysis.world_size,
+            "verdict": analysis.verdict, "checks": checks, "counts": counts(findings, checks),
+            "findings": records(findings, COLUMNS),
+            "endings": records(analysis.endings, ENDING_COLUMNS),
+            "incomplete": records(analysis.incomplete, INCOMPLETE_COLUMNS),
+            "summary": summary}
 
-        checks = list(CHECKS)
-    return {**_header("analysis"), "run_dir": run_dir, "ranks": ranks, "world_size": world_size,
-            "verdict": verdict(findings), "checks": checks, "counts": counts(findings, checks),
-            "findings": records(findings, COLUMNS), "summary": summary}
 
-
-def summary_document(trace: Trace, *, run_dir: str) -> dict[str, Any]:
+def summary_document(analysis: Analysis) -> dict[str, Any]:
     """``fsdptrace summary --format json``: the run in numbers, then one object per rank."""
     from fsdptrace.allgather_summary import overview_line
-    from fsdptrace.summary import overview, per_rank
+    from fsdptrace.render.text import run_dir_label
+    from fsdptrace.summary import per_rank
 
+    trace = analysis.trace
     table = per_rank(trace)
-    return {**_header("summary"), "run_dir": run_dir, **overview(trace),
+    return {**_header("summary"), "run_dir": run_dir_label(analysis), **analysis.summary,
             "all_gathers": overview_line(trace.allgathers),
             "per_rank": records(table, list(table.columns))}
 
@@ -106,8 +106,23 @@ def suggest_document(suggestion: Suggestion, *, run_dir: str, model: str = "mode
             "edges": records(diff, ["phase", "unit", "target", "action"])}
 
 
-def render(findings: pd.DataFrame, out: TextIO, **context: Any) -> None:
-    dump(document(findings, **context), out)
+def render(analysis: Analysis, out: TextIO) -> None:
+    """``--format json`` of ``analyze``."""
+    dump(document(analysis), out)
+
+
+def render_summary(analysis: Analysis, out: TextIO) -> None:
+    """``--format json`` of ``summary``."""
+    dump(summary_document(analysis), out)
+
+
+def render_suggest(analysis: Analysis, out: TextIO, *, model: str = "model") -> None:
+    """``--format json`` of ``suggest``."""
+    from fsdptrace.render.text import run_dir_label
+    from fsdptrace.suggest import suggest
+
+    dump(suggest_document(suggest(analysis.trace), run_dir=run_dir_label(analysis),
+                          model=model), out)
 
 
 def dump(doc: dict[str, Any], out: TextIO) -> None:

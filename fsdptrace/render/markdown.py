@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TextIO
-
-import pandas as pd
+from typing import TYPE_CHECKING, TextIO
 
 from fsdptrace.checks import CHECKS
 from fsdptrace.render.folding import fold
-from fsdptrace.render.text import location, verdict
+from fsdptrace.render.text import dropped_lines, location, run_dir_label, verdict
 from fsdptrace.render.untrusted import printable
+
+if TYPE_CHECKING:
+    from fsdptrace.result import Analysis
 
 
 def _cell(text: object) -> str:
@@ -20,10 +21,14 @@ def _cell(text: object) -> str:
     return value
 
 
-def render(findings: pd.DataFrame, out: TextIO, *, run_dir: str, num_ranks: int,
-           world_size: int) -> None:
-    out.write(f"# fsdptrace: {verdict(findings, num_ranks=num_ranks, world_size=world_size)}\n\n")
-    out.write(f"Run dir: {_cell(run_dir)}\n")
+def render(analysis: Analysis, out: TextIO) -> None:
+    """The verdict, then one table per check with findings (every finding, folded)."""
+    findings = analysis.findings
+    line = verdict(findings, num_ranks=len(analysis.ranks), world_size=analysis.world_size)
+    out.write(f"# fsdptrace: {line}\n\n")
+    out.write(f"Run dir: {_cell(run_dir_label(analysis))}\n")
+    for line in dropped_lines(analysis.incomplete):
+        out.write(f"\n{_cell(line)}\n")
     folded = fold(findings)
     for name, info in CHECKS.items():
         rows = folded[folded["check"] == name]

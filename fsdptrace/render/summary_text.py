@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import pandas as pd
 
 from fsdptrace import unsharded
 from fsdptrace.allgather_summary import overview_line
+from fsdptrace.render.text import run_dir_label
 from fsdptrace.render.untrusted import printable
-from fsdptrace.summary import overview, per_rank
-from fsdptrace.trace import Trace
+from fsdptrace.summary import per_rank
+
+if TYPE_CHECKING:
+    from fsdptrace.result import Analysis
 
 
-def render(trace: Trace, out: TextIO, *, run_dir: str) -> None:
+def render(analysis: Analysis, out: TextIO) -> None:
     """The run in numbers, its dropped rows, then one row per rank (hosts come from the run
     dir, so every cell goes through ``printable``)."""
-    numbers = overview(trace)
-    out.write(f"run dir: {printable(run_dir)}\n")
+    trace = analysis.trace
+    numbers = dict(analysis.summary)
+    out.write(f"run dir: {printable(run_dir_label(analysis))}\n")
     incomplete = numbers.pop("incomplete_steps")
     for key, value in numbers.items():
         out.write(f"{key.replace('_', ' ')}: {printable(value)}\n")

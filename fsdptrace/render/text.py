@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import pandas as pd
 
 from fsdptrace.checks import CHECKS
 from fsdptrace.render.folding import fold, rank_ranges
 from fsdptrace.render.untrusted import printable
+
+if TYPE_CHECKING:
+    from fsdptrace.result import Analysis
 
 MAX_LINES_PER_CHECK = 20
 
@@ -51,14 +54,14 @@ def dropped_lines(incomplete: pd.DataFrame) -> list[str]:
             for row in incomplete_per_rank(incomplete).itertuples()]
 
 
-def render(findings: pd.DataFrame, out: TextIO, *, run_dir: str, num_ranks: int,
-           world_size: int, incomplete: pd.DataFrame | None = None) -> None:
-    """``incomplete``: ``fsdptrace.analysis.incomplete_ranges`` of the run, if any."""
-    out.write(verdict(findings, num_ranks=num_ranks, world_size=world_size) + "\n")
-    out.write(f"run dir: {printable(run_dir)}\n")
-    if incomplete is not None and len(incomplete):
-        for line in dropped_lines(incomplete):
-            out.write(line + "\n")
+def render(analysis: Analysis, out: TextIO) -> None:
+    """The verdict, the micro-steps no check looked at, then findings folded per check."""
+    findings = analysis.findings
+    out.write(verdict(findings, num_ranks=len(analysis.ranks), world_size=analysis.world_size)
+              + "\n")
+    out.write(f"run dir: {printable(run_dir_label(analysis))}\n")
+    for line in dropped_lines(analysis.incomplete):
+        out.write(line + "\n")
     if not len(findings):
         return
     folded = fold(findings)
@@ -75,3 +78,8 @@ def render(findings: pd.DataFrame, out: TextIO, *, run_dir: str, num_ranks: int,
         if len(rows) > MAX_LINES_PER_CHECK:
             out.write(f"  ... and {len(rows) - MAX_LINES_PER_CHECK} more "
                       "(all of them: --format json)\n")
+
+
+def run_dir_label(analysis: Analysis) -> str:
+    """Where the analysis read from, as its outputs name it."""
+    return str(analysis.run_dir) if analysis.run_dir is not None else "(a trace in memory)"

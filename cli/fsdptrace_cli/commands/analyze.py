@@ -2,81 +2,56 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from fsdptrace_cli.exit_codes import for_analysis
 from fsdptrace_cli.progress import rank_progress
 
-FORMATS = ("text", "json", "markdown")
-FAIL_ON = {"error": ("error",), "warning": ("error", "warning"), "never": ()}
+if TYPE_CHECKING:
+    from fsdptrace.render.formats import Renderer
+
+# The names of ``fsdptrace.render.formats.FORMATS`` and ``fsdptrace.result.FAIL_ON``, spelled
+# here so that ``--help`` does not import pandas; tests/test_cli.py keeps them equal.
+FORMATS = ("text", "json", "markdown", "html", "chrome-trace")
+FAIL_ON = ("error", "warning", "never")
 
 
-def exit_code(findings: object, fail_on: str) -> int:
-    import pandas as pd
+def run_analysis(run_dir: Path, *, fmt: str, output: Path | str | None,
+                 checks: tuple[str, ...] = (), fail_on: str = "error", jobs: int | None = None,
+                 scheduler: str | None = None, renderer: Renderer | None = None) -> int:
+    """Parse done: analyze, render ``fmt`` (or ``renderer``), return the exit code.
 
-    assert isinstance(findings, pd.DataFrame)
-    return 1 if findings["severity"].isin(FAIL_ON[fail_on]).any() else 0
+    Shared by ``analyze``, ``report``, ``export`` and ``record``.
+    """
+    from fsdptrace.analysis import analyze
+    from fsdptrace.render.formats import FORMATS as RENDERERS
+    from fsdptrace.render.formats import write
+    from fsdptrace.render.output import check_writable
 
-
-def run_analysis(run_dir: Path, *, fmt: str, output: Path | None, checks: tuple[str, ...],
-                 fail_on: str, jobs: int, scheduler: str | None = None) -> int:
-    """Analyze and render; returns the exit code (shared with ``fsdptrace record``)."""
-    from fsdptrace import analyze, reader
-    from fsdptrace.analysis import incomplete_ranges
-    from fsdptrace.checks import resolve
-    from fsdptrace.render import as_json, markdown, text
-    from fsdptrace.render.output import check_writable, open_for_writing
-    from fsdptrace.summary import overview
-    from fsdptrace.trace import load
-
-    if output:
-        check_writable(output)
-    reader.check_run_dir(run_dir)
-    num_ranks = len(reader.discover_ranks(run_dir))
-    with rank_progress(num_ranks, "analyzing ranks") as advance:
-        if scheduler:
-            from fsdptrace.distributed import analyze_distributed
-
-            findings = analyze_distributed(run_dir, scheduler, list(checks) or None,
-                                           progress=advance)
-        else:
-            findings = analyze(run_dir, list(checks) or None, jobs=jobs, progress=advance)
-    ranks = reader.discover_ranks(run_dir)
-    meta = load(run_dir, ranks=ranks[:1] or None)
-    world_size = meta.world_size if len(meta.meta) else len(ranks)
-    context = {"run_dir": str(run_dir), "num_ranks": len(ranks), "world_size": world_size}
-    out = open_for_writing(output) if output else sys.stdout
-    try:
-        if fmt == "json":
-            summary = overview(load(run_dir)) if num_ranks <= 64 else {}
-            summary["num_findings"] = len(findings)
-            as_json.render(findings, out, run_dir=str(run_dir), ranks=ranks,
-                           world_size=world_size, summary=summary,
-                           checks=resolve(list(checks) or None))
-        elif fmt == "markdown":
-            markdown.render(findings, out, **context)
-        else:
-            text.render(findings, out, **context, incomplete=incomplete_ranges(run_dir))
-    finally:
-        if output:
-            out.close()
-    return exit_code(findings, fail_on)
+    if output is not None:
+        check_writable(output)  # before any work: a typo costs no analysis
+    with rank_progress("analyzing ranks") as advance:
+        analysis = analyze(run_dir, list(checks) or None, jobs=jobs, scheduler=scheduler,
+                           progress=advance)
+    write(renderer or RENDERERS[fmt].render, analysis, output)
+    return for_analysis(analysis, fail_on)
 
 
 @click.command("analyze")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
-              help="Report format.")
-@click.option("--output", "-o", type=click.Path(path_type=Path),
+              help="Report format (html: what `fsdptrace report` writes; chrome-trace: what "
+                   "`fsdptrace export` writes).")
+@click.option("--output", "-o", type=click.Path(path_type=Path, allow_dash=True),
               help="Write the report to FILE instead of stdout.")
 @click.option("--check", "checks", multiple=True, metavar="NAME",
               help="Run only this check (repeatable), e.g. --check prefetch-order.")
-@click.option("--fail-on", type=click.Choice(list(FAIL_ON)), default="error", show_default=True,
+@click.option("--fail-on", type=click.Choice(FAIL_ON), default="error", show_default=True,
               help="Exit 1 when a finding of this severity or worse exists.")
-@click.option("--jobs", "-j", type=int, default=None,
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="Processes for the per-rank map step [default: available cores].")
 @click.option("--scheduler", metavar="tcp://HOST:PORT",
               help="Run the per-rank map on this Dask scheduler (pip install 'fsdptrace[dask]').")
@@ -92,8 +67,7 @@ def command(ctx: click.Context, run_dir: Path, fmt: str, output: Path | None,
     Example:
       fsdptrace analyze runs/a
       fsdptrace analyze runs/a --format json -o findings.json --fail-on warning
+      fsdptrace analyze runs/a --check stalled-rank     # after a hang: who stopped where
     """
-    if jobs is None:
-        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     ctx.exit(run_analysis(run_dir, fmt=fmt, output=output, checks=checks, fail_on=fail_on,
                           jobs=jobs, scheduler=scheduler))

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from fsdptrace_cli.progress import rank_progress
+from fsdptrace_cli.commands.analyze import run_analysis
 
 
 @click.command("export")
@@ -15,26 +14,18 @@ from fsdptrace_cli.progress import rank_progress
 @click.option("--chrome-trace", "chrome_trace", required=True,
               type=click.Path(allow_dash=True),
               help="Write Chrome Trace Event JSON to FILE ('-' for stdout).")
-def command(run_dir: Path, chrome_trace: str) -> None:
-    """Export RUN_DIR as a Chrome trace: one process per rank, one track per phase, findings
-    as instant events. Open it in https://ui.perfetto.dev or chrome://tracing.
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Processes for the per-rank analysis [default: available cores].")
+@click.pass_context
+def command(ctx: click.Context, run_dir: Path, chrome_trace: str, jobs: int | None) -> None:
+    """Export RUN_DIR as a Chrome trace: one process per rank, its units on a wall-clock
+    timeline, all-gathers, bytes held, findings as instant events; the same as
+    `fsdptrace analyze RUN_DIR --format chrome-trace -o FILE`. Open it in
+    https://ui.perfetto.dev or chrome://tracing. Exit status: 0 written, 2 bad input.
 
     \b
     Example:
       fsdptrace export runs/a --chrome-trace runs/a.trace.json
     """
-    from fsdptrace import analyze, reader
-    from fsdptrace.render.chrome_trace import write_chrome_trace
-    from fsdptrace.render.output import STDOUT, check_writable, open_for_writing
-    from fsdptrace.trace import load
-
-    check_writable(chrome_trace)
-    reader.check_run_dir(run_dir)
-    with rank_progress(len(reader.discover_ranks(run_dir)), "analyzing ranks") as advance:
-        findings = analyze(run_dir, progress=advance)
-    trace = load(run_dir)
-    if chrome_trace == STDOUT:
-        write_chrome_trace(trace, findings, sys.stdout)
-        return
-    with open_for_writing(chrome_trace) as out:
-        write_chrome_trace(trace, findings, out)
+    ctx.exit(run_analysis(run_dir, fmt="chrome-trace", output=chrome_trace, fail_on="never",
+                          jobs=jobs))

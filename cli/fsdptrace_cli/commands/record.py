@@ -24,7 +24,7 @@ from fsdptrace_cli.commands.analyze import FAIL_ON, run_analysis
               help="Record only these optimizer steps, e.g. 10:20, ::5 or 0,3,100:.")
 @click.option("--raise", "raise_on_violation", is_flag=True,
               help="Check before each optimizer.step() and stop the job on an error.")
-@click.option("--fail-on", type=click.Choice(list(FAIL_ON)), default="error", show_default=True,
+@click.option("--fail-on", type=click.Choice(FAIL_ON), default="error", show_default=True,
               help="Exit 1 when the analysis finds this severity or worse.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -74,6 +74,5 @@ def command(ctx: click.Context, run_dir: Path | None, force: bool, append: bool,
         if not existed and not any(run_dir.iterdir()):
             run_dir.rmdir()  # made for this launch; left empty it would only mislead
         ctx.exit(returncode)
-    analysis_code = run_analysis(run_dir, fmt="text", output=None, checks=(), fail_on=fail_on,
-                                 jobs=1)
+    analysis_code = run_analysis(run_dir, fmt="text", output=None, fail_on=fail_on, jobs=1)
     ctx.exit(returncode if returncode != 0 else analysis_code)

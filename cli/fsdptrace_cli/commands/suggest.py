@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import sys
+import functools
 from pathlib import Path
 
 import click
+
+FORMATS = ("text", "json")  # ``fsdptrace.render.formats.SUGGEST_FORMATS``
 
 
 @click.command("suggest")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--model", default="model", show_default=True, metavar="NAME",
               help="Variable name of the model in the printed calls.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text",
               show_default=True, help="Output format (json: see the README for its shape).")
 def command(run_dir: Path, model: str, fmt: str) -> None:
     """Print the FSDP2 prefetch calls that match the order units ran in (each unit
@@ -24,13 +26,9 @@ def command(run_dir: Path, model: str, fmt: str) -> None:
       fsdptrace suggest runs/a
       fsdptrace suggest runs/a --model self.model --format json
     """
-    from fsdptrace.render import as_json
-    from fsdptrace.suggest import suggest, write_suggestion
+    from fsdptrace.analysis import analyze
+    from fsdptrace.render.formats import SUGGEST_FORMATS, write
     from fsdptrace.trace import load
 
-    suggestion = suggest(load(run_dir))
-    if fmt == "json":
-        doc = as_json.suggest_document(suggestion, run_dir=str(run_dir), model=model)
-        as_json.dump(doc, sys.stdout)
-    else:
-        write_suggestion(suggestion, sys.stdout, model=model)
+    write(functools.partial(SUGGEST_FORMATS[fmt].render, model=model),
+          analyze(load(run_dir), checks=()))

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
+FORMATS = ("text", "json")  # ``fsdptrace.render.formats.SUMMARY_FORMATS``
+
 
 @click.command("summary")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text",
               show_default=True, help="Output format (json: see the README for its shape).")
 def command(run_dir: Path, fmt: str) -> None:
     """Ranks, world size, steps and micro-steps, units, events, time span, and whether each
@@ -21,11 +22,8 @@ def command(run_dir: Path, fmt: str) -> None:
       fsdptrace summary runs/a
       fsdptrace summary runs/a --format json
     """
-    from fsdptrace.render import as_json, summary_text
+    from fsdptrace.analysis import analyze
+    from fsdptrace.render.formats import SUMMARY_FORMATS, write
     from fsdptrace.trace import load
 
-    trace = load(run_dir)
-    if fmt == "json":
-        as_json.dump(as_json.summary_document(trace, run_dir=str(run_dir)), sys.stdout)
-    else:
-        summary_text.render(trace, sys.stdout, run_dir=str(run_dir))
+    write(SUMMARY_FORMATS[fmt].render, analyze(load(run_dir), checks=()))
