@@ -45,8 +45,9 @@ def write_closed(run_dir: Path, rank: int, writer: str, tables: dict[str, pa.Tab
         directory.mkdir(parents=True, exist_ok=True)
         last = last_segment(name, table.num_rows)
         path = directory / RANGE_PART_FILE.format(writer=writer, first=0, last=last)
-        stamped = table.cast(schema.with_metadata(schema.TABLES[name], rank=rank,
-                                                  version=__version__))
+        # The rows are in the declared schema already: only the footer's stamp differs.
+        stamped = table.replace_schema_metadata(schema.with_metadata(
+            schema.TABLES[name], rank=rank, version=__version__).metadata)
         pq.write_table(stamped, path, compression="zstd")
 
 

@@ -22,6 +22,7 @@ that nothing may compare category codes across ranks.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import multiprocessing
@@ -219,6 +220,23 @@ def _pending(shape: Shape, plan: Plan, rank: int) -> pa.Table:
 
 def rank_tables(shape: Shape, plan: Plan, rank: int) -> dict[str, pa.Table]:
     """Every table of one rank, in the declared schemas."""
+    planted = {plan.stalled, plan.bypassed, plan.swapped, plan.config, plan.pending, *plan.dead}
+    if rank in planted:
+        tables = _tables(shape, plan, rank)
+    else:  # the same rows as the stage's other ranks with its dictionary order: built once
+        tables = _ordinary_tables(shape, plan, _stage(shape, rank), rank % 2)
+    return {**tables, "meta": _run_tables.meta(_layout(shape, plan, rank), rank)}
+
+
+@functools.lru_cache(maxsize=8)
+def _ordinary_tables(shape: Shape, plan: Plan, stage: int, parity: int) -> dict[str, pa.Table]:
+    planted = {plan.stalled, plan.bypassed, plan.swapped, plan.config, plan.pending, *plan.dead}
+    rank = next(r for r in range(stage * shape.ranks // shape.stages, shape.ranks)
+                if r % 2 == parity and r not in planted)
+    return _tables(shape, plan, rank)
+
+
+def _tables(shape: Shape, plan: Plan, rank: int) -> dict[str, pa.Table]:
     layout = _layout(shape, plan, rank)
     entries = _run_tables.entries(layout, _unit_order(shape, plan, rank))
     gradients, written = _run_tables.boundary(layout, _has_grad(shape, plan, rank,
