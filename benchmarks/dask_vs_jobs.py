@@ -10,6 +10,7 @@ and all paths the same table.
 
     python benchmarks/dask_vs_jobs.py --ranks 1024 --events 2400000 --repeat 3
     python benchmarks/dask_vs_jobs.py --run-dir /tmp/r1024      # an existing generated run
+    python benchmarks/dask_vs_jobs.py --run-dir /tmp/r1024 --check stalled-rank
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--run-dir", type=Path, help="a generated run dir to reuse")
     parser.add_argument("--work-dir", type=Path, help="where to generate (deleted after)")
+    parser.add_argument("--check", action="append", dest="checks", metavar="NAME",
+                        help="run only this check (repeatable); default: all")
     args = parser.parse_args(argv)
     try:
         import distributed
@@ -64,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             generate_run.generate(run_dir, generate_run.shape_for(args.events, ranks=args.ranks))
             print(f"generated {run_dir} in {time.perf_counter() - started:.1f} s")
-        expected = generate_run.read_expected(run_dir)
+        expected = {row for row in generate_run.read_expected(run_dir)
+                    if args.checks is None or row[0] in args.checks}
         started = time.perf_counter()
         cluster = distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1,
                                            processes=True, dashboard_address=None)
@@ -72,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"LocalCluster of {args.workers} processes up in "
               f"{time.perf_counter() - started:.1f} s (not timed below)")
         variants = {
-            f"jobs-{args.workers}": lambda: fsdptrace.analyze(run_dir, jobs=args.workers),
-            f"dask-{args.workers}": lambda: analyze_distributed(run_dir, client),
+            f"jobs-{args.workers}": lambda: fsdptrace.analyze(run_dir, args.checks,
+                                                              jobs=args.workers),
+            f"dask-{args.workers}": lambda: analyze_distributed(run_dir, client, args.checks),
         }
         client.run(_warm)  # imports are not measured
         num_ranks = len(reader.discover_ranks(run_dir))
