@@ -195,3 +195,26 @@ def test_quick_benchmark_runs(tmp_path: Path) -> None:
          "--work-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "| events | ranks |" in result.stdout
+
+
+def test_engines_benchmark_agrees(tiny: tuple[Path, set[tuple]]) -> None:
+    """The engines benchmark on a tiny run: the engines that always exist agree, and the dead
+    ranks' journal tails are named as what they cannot read."""
+    run_dir, _ = tiny
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "engines.py"), str(run_dir), "--repeat", "1",
+         "--engines", "fsdptrace-reader,pq-per-file,pa-dataset", "--tasks", "last,orders"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| last | pa-dataset |" in result.stdout
+    assert "outside the 1 ranks whose rows are (partly) a journal tail" in result.stdout
+
+
+def test_dask_benchmark_runs(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "dask_vs_jobs.py"), "--ranks", "6",
+         "--events", "3000", "--repeat", "1", "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| dask-2 |" in result.stdout
