@@ -1,10 +1,13 @@
-"""Synthetic run dirs of any size, in the real on-disk format, with known planted problems.
+"""Synthetic run dirs of any size, in the recorder's on-disk format, with known planted problems.
 
 Real recordings (tests/test_analyzer_scenarios.py) prove the checks right on small runs; the
-analyzer's scale needs runs of 10M+ events that no CPU test job can record in time. This
-writes them directly: one file per table per rank, stamped with ``schema.with_metadata`` like
-the recorder's, built with numpy (no Python loop over events), and it plants one of each
-problem CHECKS.md describes at a known place, returning the exact findings expected.
+analyzer's scale needs runs of 10,000 ranks or 10M+ events that no CPU test job can record in
+time. This writes them directly, built with numpy (no Python loop over events): every table
+the recorder writes, compacted parts named by journal segment range like the writer process's
+(``_run_files``), and dead ranks (a lost node: training and writer process killed together)
+whose rows are Parquet parts of full segments plus the journal tail, written by the
+recorder's own journal code. It plants one problem of most checks at a known place and
+returns the exact findings expected (``planted.json``).
 
 Layout: ``stages`` pipeline stages with disjoint units (``layers.<stage*units+i>``), each
 stage's ranks contiguous. A micro-step runs forward ``<root>, layers..., layers.first``
@@ -13,23 +16,27 @@ never runs; ``act`` has no parameters. Odd ranks store their dictionaries in rev
 that nothing may compare category codes across ranks.
 
     python benchmarks/generate_run.py OUT_DIR --events 10000000
+    python benchmarks/generate_run.py OUT_DIR --ranks 10240 --events 6144000 --jobs 2
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
+import multiprocessing
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
+import _run_files
+import _run_tables
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from fsdptrace import schema
-from fsdptrace.version import __version__
 
 PLANTED_FILE = "planted.json"
 Finding = tuple[str, int, int | None, int | None, str | None, str | None, str | None]
@@ -84,53 +91,44 @@ class Plan:
     change_step: int = 4   # every stage-0 rank changes its forward order at micro-step 1
     stall_micro: int = 1
     stall_position: int = 2
+    # Killed with their node in the last step (stage 1): no close, rows in the journal tail.
+    dead: tuple[int, ...] = field(default=())
+    dead_micro: int = 1
+    dead_position: int = 4
 
 
 def plan_for(shape: Shape) -> Plan:
     s = shape.steps
+    per_stage = shape.ranks // shape.stages
+    # Up to a node of 8 ranks, the first of stage 1, never the last rank (missing on disk).
+    num_dead = max(1, min(8, (per_stage - 1) // 2))
+    dead = tuple(r for r in range(per_stage, per_stage + num_dead) if r < missing_rank(shape))
     return Plan(wrong_edge_step=s // 6, bypass_step=2 * s // 6, pending_step=2 * s // 6,
-                swap_step=3 * s // 6, change_step=4 * s // 6)
+                swap_step=3 * s // 6, change_step=4 * s // 6, dead=dead)
 
 
-def _names(shape: Shape, stage: int) -> list[str]:
-    first = stage * shape.units
-    return (["<root>"] + [f"layers.{first + i}" for i in range(shape.units)]
-            + ["adapter", "act"])
+def _layout(shape: Shape, plan: Plan, rank: int) -> _run_tables.RankLayout:
+    per = shape.per_micro_step
+    stop = None
+    if rank == plan.stalled or rank in plan.dead:
+        micro, position = ((plan.stall_micro, plan.stall_position) if rank == plan.stalled
+                           else (plan.dead_micro, plan.dead_position))
+        stop = ((shape.steps - 1) * shape.micro_steps + micro) * per + position + 1
+    return _run_tables.RankLayout(
+        micro_steps=shape.micro_steps, units=shape.units, steps=shape.steps,
+        stage=_stage(shape, rank), world_size=shape.ranks, stop=stop,
+        complete=shape.steps - (stop is not None))
 
 
 def _stage(shape: Shape, rank: int) -> int:
     return rank // (shape.ranks // shape.stages)
 
 
-def _dictionary(names: list[str], rank: int) -> tuple[pa.Array, np.ndarray]:
-    """The rank's dictionary and, per canonical index, its code in that dictionary."""
-    order = np.arange(len(names))[::-1] if rank % 2 else np.arange(len(names))
-    codes = np.empty(len(names), dtype=np.int32)
-    codes[order] = np.arange(len(names), dtype=np.int32)
-    return pa.array([names[i] for i in order]), codes
-
-
-def _dict_column(canonical: np.ndarray, dictionary: pa.Array, codes: np.ndarray
-                 ) -> pa.DictionaryArray:
-    return pa.DictionaryArray.from_arrays(pa.array(codes[canonical]), dictionary)
-
-
-def _template(shape: Shape) -> tuple[np.ndarray, np.ndarray]:
-    """Canonical unit indices and phase indices (0 forward) of one micro-step."""
-    layers = np.arange(1, shape.units + 1)
-    forward = np.concatenate([[0], layers, [1]])
-    backward = np.concatenate([[0], layers[::-1]])
-    phases = np.repeat([0, 1], [len(forward), len(backward)])
-    return np.concatenate([forward, backward]).astype(np.int64), phases
-
-
-def _events(shape: Shape, plan: Plan, rank: int) -> tuple[pa.Table, int, int]:
-    """Events of one rank; also the number of complete steps and the last seq used."""
-    units, phases = _template(shape)
+def _unit_order(shape: Shape, plan: Plan, rank: int) -> np.ndarray:
+    """Canonical unit per entry of the whole run, with the planted order changes."""
+    units, _ = _run_tables.template(shape.units)
     per = shape.per_micro_step
-    total = shape.steps * shape.micro_steps
-    unit = np.tile(units, total)
-    stage0 = _stage(shape, rank) == 0
+    unit = np.tile(units, shape.steps * shape.micro_steps)
 
     def swap(step: int, micro: int, a: int, b: int) -> None:
         base = (step * shape.micro_steps + micro) * per
@@ -139,67 +137,44 @@ def _events(shape: Shape, plan: Plan, rank: int) -> tuple[pa.Table, int, int]:
     if rank == plan.swapped:
         for micro in range(shape.micro_steps):
             swap(plan.swap_step, micro, 2, 3)  # positions of layers.1, layers.2
-    if stage0:
+    if _stage(shape, rank) == 0:
         b = shape.units - 3  # layers.b at position b+1
         swap(plan.change_step, 1, b + 1, b + 2)
-    index = np.arange(total * per)
-    micro_index, within = np.divmod(index, per)
-    step, micro = np.divmod(micro_index, shape.micro_steps)
-    step_slots = shape.micro_steps * (per + 1) + 1
-    seq = step * step_slots + micro * (per + 1) + within + 2
-    count = len(index)
-    if rank == plan.stalled:
-        count = ((shape.steps - 1) * shape.micro_steps + plan.stall_micro) * per
-        count += plan.stall_position + 1
-    names = _names(shape, _stage(shape, rank))
-    dictionary, codes = _dictionary(names, rank)
-    phase_dict, phase_codes = _dictionary(list(schema.PHASES), rank)
-    table = pa.table({
-        "seq": pa.array(seq[:count]),
-        "t_ns": pa.array(seq[:count] * 1000),
-        "step": pa.array(step[:count].astype(np.int32)),
-        "micro_step": pa.array(micro[:count].astype(np.int32)),
-        "phase": _dict_column(phases[np.tile(np.arange(per), total)][:count], phase_dict,
-                              phase_codes),
-        "unit": _dict_column(unit[:count], dictionary, codes),
-    }, schema=schema.EVENTS)
-    complete = shape.steps - 1 if rank == plan.stalled else shape.steps
-    return table, complete, int(seq[count - 1])
+    return unit
 
 
-def _markers(shape: Shape, plan: Plan, rank: int, complete: int, last_seq: int) -> pa.Table:
-    per = shape.per_micro_step
-    step_slots = shape.micro_steps * (per + 1) + 1
-    micro_total = complete * shape.micro_steps
-    if rank == plan.stalled:
-        micro_total += plan.stall_micro + 1
-    micro_index = np.arange(micro_total)
-    step, micro = np.divmod(micro_index, shape.micro_steps)
-    begin_seq = step * step_slots + micro * (per + 1) + 1
-    opt_steps = np.arange(complete)
-    opt_seq = (opt_steps + 1) * step_slots
-    kinds = ([schema.MARKER_MICRO_STEP] * micro_total + [schema.MARKER_OPTIMIZER_STEP] * complete)
-    seqs = np.concatenate([begin_seq, opt_seq])
+def _markers(layout: _run_tables.RankLayout, entries: _run_tables.Entries) -> pa.Table:
+    """Micro-step begins, optimizer steps and, for a rank that closed, the close marker."""
+    per = _run_tables.slots_per_micro(layout.units)
+    slots = _run_tables.step_slots(layout)
+    began = np.unique(entries.step * layout.micro_steps + entries.micro)
+    step, micro = np.divmod(began, layout.micro_steps)
+    begin_slot = step * slots + micro * (per + 1) + 1
+    opt_steps = np.arange(layout.complete)
+    kinds = ([schema.MARKER_MICRO_STEP] * len(began)
+             + [schema.MARKER_OPTIMIZER_STEP] * layout.complete)
+    seqs = np.concatenate([begin_slot, (opt_steps + 1) * slots])
     steps = np.concatenate([step, opt_steps])
-    micros = np.concatenate([micro, np.full(complete, shape.micro_steps - 1)])
-    if rank != plan.stalled:
+    micros = np.concatenate([micro, np.full(layout.complete, layout.micro_steps - 1)])
+    if layout.stop is None:
         kinds.append(schema.MARKER_CLOSE)
-        seqs = np.append(seqs, last_seq + 2)
-        steps = np.append(steps, shape.steps - 1)
-        micros = np.append(micros, shape.micro_steps - 1)
+        seqs = np.append(seqs, entries.slot[-1] + 2)
+        steps = np.append(steps, layout.steps - 1)
+        micros = np.append(micros, layout.micro_steps - 1)
     order = np.argsort(seqs, kind="stable")
+    seq = seqs[order] * _run_tables.SEQ_SCALE
     return pa.table({
-        "seq": pa.array(seqs[order]), "t_ns": pa.array(seqs[order] * 1000),
+        "seq": pa.array(seq), "t_ns": pa.array(seq * 125),
         "step": pa.array(steps[order].astype(np.int32)),
         "micro_step": pa.array(micros[order].astype(np.int32)),
-        "kind": pa.array([kinds[i] for i in order]).dictionary_encode(),
+        "kind": pa.array([kinds[i] for i in order], pa.string()).dictionary_encode(),
         "count": pa.array(np.zeros(len(order), dtype=np.int64)),
-        "detail": pa.array([""] * len(order)),
+        "detail": pa.array([""] * len(order), pa.string()),
     }, schema=schema.MARKERS)
 
 
 def _snapshot(shape: Shape, plan: Plan, rank: int, step: int, wrong_edge: bool) -> list[tuple]:
-    names = _names(shape, _stage(shape, rank))
+    names = _run_tables.names(shape.units, _stage(shape, rank))
     layers, u = names[1:-2], shape.units
     forward = {names[0]: [layers[0]], **{layers[i]: [layers[i + 1]] for i in range(u - 1)}}
     backward = {names[0]: [layers[-1]], **{layers[i]: [layers[i - 1]] for i in range(1, u)}}
@@ -210,8 +185,10 @@ def _snapshot(shape: Shape, plan: Plan, rank: int, step: int, wrong_edge: bool) 
     rows = []
     for phase, edges in ((schema.FORWARD, forward), (schema.BACKWARD, backward)):
         for name in names:
-            targets = edges.get(name) or [None]
-            rows += [(step, 0, name, phase, t, i) for i, t in enumerate(targets)]
+            targets = edges.get(name)
+            if targets is None:  # no targets: one row with a null target, as recorded
+                rows.append((step, 0, name, phase, None, None))
+            rows += [(step, 0, name, phase, t, i) for i, t in enumerate(targets or ())]
     return rows
 
 
@@ -224,24 +201,12 @@ def _prefetch(shape: Shape, plan: Plan, rank: int) -> pa.Table:
     return pa.table(dict(zip(schema.PREFETCH.names, columns, strict=True)), schema=schema.PREFETCH)
 
 
-def _gradients(shape: Shape, plan: Plan, rank: int, complete: int) -> pa.Table:
-    names = _names(shape, _stage(shape, rank))
-    params = ([("<root>", "embed.weight")]
-              + [(n, f"{n}.{p}") for n in names[1:-2] for p in ("weight", "bias")]
-              + [("adapter", "adapter.weight")])
-    unit_names, param_names = (np.array(c) for c in zip(*params, strict=True))
-    has_grad = np.tile(unit_names != "adapter", complete)
+def _has_grad(shape: Shape, plan: Plan, rank: int, complete: int) -> np.ndarray:
+    params = _run_tables.params(shape.units, _stage(shape, rank))
+    has_grad = np.tile(np.array([u != "adapter" for u, _ in params]), complete)
     if rank == plan.bypassed:
         has_grad[plan.bypass_step * len(params) + len(params) - 1] = True
-    return pa.table({
-        "step": pa.array(np.repeat(np.arange(complete, dtype=np.int32), len(params))),
-        "micro_step": pa.array(np.full(complete * len(params), shape.micro_steps - 1,
-                                       dtype=np.int32)),
-        "unit": pa.array(np.tile(unit_names, complete)).dictionary_encode(),
-        "param": pa.array(np.tile(param_names, complete)),
-        "has_grad": pa.array(has_grad),
-        "grad_source": pa.array(np.where(has_grad, "sharded", "none")).dictionary_encode(),
-    }, schema=schema.GRADIENTS)
+    return has_grad
 
 
 def _pending(shape: Shape, plan: Plan, rank: int) -> pa.Table:
@@ -253,50 +218,52 @@ def _pending(shape: Shape, plan: Plan, rank: int) -> pa.Table:
     return pa.table(row, schema=schema.PENDING)
 
 
-def _units(shape: Shape, rank: int) -> pa.Table:
-    names = _names(shape, _stage(shape, rank))
-    num_params = [1] + [2] * shape.units + [1, 0]
-    params = ([["embed.weight"]] + [[f"{n}.weight", f"{n}.bias"] for n in names[1:-2]]
-              + [["adapter.weight"], []])
-    return pa.table({
-        "unit": names, "part": [0] * len(names),
-        "fqn": [""] + names[1:], "module_type": ["Model"] + ["Block"] * shape.units
-        + ["Adapter", "Act"],
-        "is_root": [True] + [False] * (len(names) - 1), "num_params": num_params,
-        "num_param_elements": [1024 * n for n in num_params], "param_names": params,
-    }, schema=schema.UNITS)
-
-
-def _meta(shape: Shape, rank: int) -> pa.Table:
-    row = {"world_size": [shape.ranks], "host": [f"node{rank // 8}"], "pid": [1000 + rank],
-           "backend": ["fsdp2"], "torch_version": ["synthetic"],
-           "fsdptrace_version": [__version__], "schema_version": [schema.SCHEMA_VERSION],
-           "wall_anchor_ns": [0], "mono_anchor_ns": [0], "num_parts": [1],
-           "steps_spec": ["all"], "raise_on_violation": [False]}
-    return pa.table(row, schema=schema.META)
-
-
 def rank_tables(shape: Shape, plan: Plan, rank: int) -> dict[str, pa.Table]:
     """Every table of one rank, in the declared schemas."""
-    events, complete, last_seq = _events(shape, plan, rank)
+    planted = {plan.stalled, plan.bypassed, plan.swapped, plan.config, plan.pending, *plan.dead}
+    if rank in planted:
+        tables = _tables(shape, plan, rank)
+    else:  # the same rows as the stage's other ranks with its dictionary order: built once
+        tables = _ordinary_tables(shape, plan, _stage(shape, rank), rank % 2)
+    return {**tables, "meta": _run_tables.meta(_layout(shape, plan, rank), rank)}
+
+
+@functools.lru_cache(maxsize=8)
+def _ordinary_tables(shape: Shape, plan: Plan, stage: int, parity: int) -> dict[str, pa.Table]:
+    planted = {plan.stalled, plan.bypassed, plan.swapped, plan.config, plan.pending, *plan.dead}
+    rank = next(r for r in range(stage * shape.ranks // shape.stages, shape.ranks)
+                if r % 2 == parity and r not in planted)
+    return _tables(shape, plan, rank)
+
+
+def _tables(shape: Shape, plan: Plan, rank: int) -> dict[str, pa.Table]:
+    layout = _layout(shape, plan, rank)
+    entries = _run_tables.entries(layout, _unit_order(shape, plan, rank))
+    gradients, written = _run_tables.boundary(layout, _has_grad(shape, plan, rank,
+                                                                layout.complete))
     return {
-        "meta": _meta(shape, rank), "units": _units(shape, rank), "events": events,
-        "markers": _markers(shape, plan, rank, complete, last_seq),
+        "meta": _run_tables.meta(layout, rank), "units": _run_tables.units_table(layout),
+        "events": _run_tables.events(entries, layout, rank),
+        "markers": _markers(layout, entries),
         "prefetch": _prefetch(shape, plan, rank),
-        "gradients": _gradients(shape, plan, rank, complete),
+        "gradients": gradients, "grads_written": written,
         "pending": _pending(shape, plan, rank),
+        "allgathers": _run_tables.allgathers(entries, layout, rank),
+        "backward_grads": _run_tables.backward_grads(entries, layout, rank),
+        "settings": _run_tables.settings(layout),
     }
 
 
-def write_rank(run_dir: Path, rank: int, tables: dict[str, pa.Table]) -> None:
-    """One file per table, as one recorder writer with one chunk would leave it."""
-    for name, table in tables.items():
-        directory = run_dir / schema.TABLE_DIR.format(table=name) / schema.RANK_DIR.format(
-            rank=rank)
-        directory.mkdir(parents=True, exist_ok=True)
-        stamped = table.cast(schema.with_metadata(table.schema, rank=rank, version=__version__))
-        pq.write_table(stamped, directory / schema.PART_FILE.format(writer=0, chunk=0),
-                       compression="zstd")
+def write_rank(run_dir: Path, shape: Shape, plan: Plan, rank: int, *,
+               segment_bytes: tuple[int, int] | None = None) -> None:
+    """One rank as the recorder leaves it: compacted parts, or a dead rank's journal tail."""
+    tables = rank_tables(shape, plan, rank)
+    writer = _run_tables.writer_id(rank)
+    if rank in plan.dead:
+        kwargs = {"segment_bytes": segment_bytes} if segment_bytes else {}
+        _run_files.write_dead(run_dir, rank, writer, tables, **kwargs)
+    else:
+        _run_files.write_closed(run_dir, rank, writer, tables)
 
 
 def expected_findings(shape: Shape, plan: Plan) -> set[Finding]:
@@ -326,6 +293,9 @@ def expected_findings(shape: Shape, plan: Plan) -> set[Finding]:
             for s in (0, plan.wrong_edge_step)}
     out.add(("stalled-rank", plan.stalled, shape.steps - 1, plan.stall_micro, "forward",
              "layers.1", None))
+    out |= {("stalled-rank", r, shape.steps - 1, plan.dead_micro, "forward",
+             _run_tables.names(shape.units, _stage(shape, r))[plan.dead_position], None)
+            for r in plan.dead}
     out.add(("stalled-rank", missing_rank(shape), None, None, None, None, None))
     return out
 
@@ -334,19 +304,35 @@ def missing_rank(shape: Shape) -> int:
     return shape.ranks - 1
 
 
-def generate(run_dir: str | Path, shape: Shape) -> set[Finding]:
-    """Write a synthetic run dir (all ranks but the missing one) and its expected findings."""
+def generate(run_dir: str | Path, shape: Shape, *, jobs: int = 1,
+             segment_bytes: tuple[int, int] | None = None) -> set[Finding]:
+    """Write a synthetic run dir (all ranks but the missing one) and its expected findings.
+
+    ``segment_bytes``: the dead ranks' journal segment sizes (first, largest), the recorder's
+    unless given; tests make them small so that a tail spans parts and segments.
+    """
     shape.validate()
     plan = plan_for(shape)
     path = Path(run_dir)
-    for rank in range(shape.ranks):
-        if rank != missing_rank(shape):
-            write_rank(path, rank, rank_tables(shape, plan, rank))
+    path.mkdir(parents=True, exist_ok=True)
+    ranks = [r for r in range(shape.ranks) if r != missing_rank(shape)]
+    write = partial(_write, path, shape, plan, segment_bytes)
+    if jobs > 1:
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            pool.map(write, ranks, chunksize=max(1, len(ranks) // (8 * jobs)))
+    else:
+        for rank in ranks:
+            write(rank)
     expected = expected_findings(shape, plan)
     manifest = {"shape": asdict(shape), "plan": asdict(plan),
                 "expected": sorted(expected, key=repr)}
     (path / PLANTED_FILE).write_text(json.dumps(manifest, indent=1))
     return expected
+
+
+def _write(run_dir: Path, shape: Shape, plan: Plan, segment_bytes: tuple[int, int] | None,
+           rank: int) -> None:
+    write_rank(run_dir, shape, plan, rank, segment_bytes=segment_bytes)
 
 
 def read_expected(run_dir: str | Path) -> set[Finding]:
@@ -361,11 +347,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--events", type=int, default=1_000_000, help="total events, approx.")
     for name, default in (("ranks", 16), ("micro-steps", 4), ("units", 48), ("stages", 2)):
         parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--jobs", type=int, default=1, help="processes writing ranks")
     args = parser.parse_args(argv)
     shape = shape_for(args.events, ranks=args.ranks, micro_steps=args.micro_steps,
                       units=args.units, stages=args.stages)
     start = time.perf_counter()
-    expected = generate(args.run_dir, shape)
+    expected = generate(args.run_dir, shape, jobs=args.jobs)
     print(f"{args.run_dir}: {shape} -> {shape.num_events:,} events, {len(expected)} planted "
           f"findings, {time.perf_counter() - start:.1f} s")
 

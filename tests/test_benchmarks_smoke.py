@@ -2,20 +2,30 @@
 
 ``benchmarks/generate_run.py`` plants one problem of each check at known places, in a run
 with repeated calls, units without parameters, two pipeline stages with disjoint units,
-dictionaries ordered differently per rank, a stalled rank and a rank missing on disk.
+dictionaries ordered differently per rank, a stalled rank, dead ranks whose rows are a journal
+tail and a rank missing on disk, in the recorder's on-disk format: the tests below hold it to
+what the writer process and a real recording leave.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import fsdptrace
+from fsdptrace import schema
 from fsdptrace.checks import CHECKS
+from fsdptrace.journal_format import FIXED_TABLES, JOURNAL_DIR, RANGE_PART_NAME
+from fsdptrace.reader import read_rank
+from fsdptrace.version import __version__
 from tests.synthetic import TINY, generate_run, generate_tiny, where
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,8 +40,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, set[tuple]]:
 def test_every_planted_finding_and_nothing_else(tiny: tuple[Path, set[tuple]]) -> None:
     run_dir, expected = tiny
     checks = {row[0] for row in expected}
-    # The generator writes no provenance (checks 8, 9, 13) and none of the tables checks
-    # 10-12 read.
+    # Provenance, gradients and settings are recorded as a clean job leaves them: checks 8-13
+    # run on them and find nothing.
     assert checks == set(CHECKS) - {"wasted-prefetch", "redundant-prefetch",
                                     "gradient-divergence", "eval-divergence",
                                     "setting-divergence", "unsharded-excess"}
@@ -60,10 +70,124 @@ def test_larger_shape_scales_the_same_findings(tmp_path: Path) -> None:
 def test_generator_writes_the_real_format(tiny: tuple[Path, set[tuple]]) -> None:
     run_dir, _ = tiny
     trace = fsdptrace.load(run_dir)
+    plan = generate_run.plan_for(TINY)
     assert trace.ranks == [r for r in range(TINY.ranks) if r != TINY.ranks - 1]
     assert trace.world_size == TINY.ranks
-    assert len(trace.events) == TINY.num_events * 5 // 6 - (
-        TINY.per_micro_step - generate_run.Plan().stall_position - 1)
+    last_step = (TINY.steps - 1) * TINY.micro_steps * TINY.per_micro_step
+    stops = {plan.stalled: (plan.stall_micro, plan.stall_position),
+             **{r: (plan.dead_micro, plan.dead_position) for r in plan.dead}}
+    expected = {r: last_step + micro * TINY.per_micro_step + position + 1
+                for r, (micro, position) in stops.items()}
+    counts = trace.events.groupby("rank").size()
+    full = TINY.steps * TINY.micro_steps * TINY.per_micro_step
+    assert counts.to_dict() == {r: expected.get(r, full) for r in trace.ranks}
+    for table in schema.TABLES:  # every table, every rank: one compacted part, or a tail
+        for rank in trace.ranks:
+            names = [p.name for p in (run_dir / table / f"rank={rank}").iterdir()]
+            assert all(RANGE_PART_NAME.match(n) for n in names), names
+            assert len(names) == (1 if rank not in plan.dead else len(names)), names
+
+
+def test_dead_rank_reads_from_parts_and_journal_tail(tmp_path: Path) -> None:
+    """With small segments a dead rank's rows span converted parts and the journal's open
+    segments; the reader folds them back into exactly the rows generated."""
+    run_dir = tmp_path / "run"
+    generate_run.generate(run_dir, TINY, segment_bytes=(4096, 8192))
+    plan = generate_run.plan_for(TINY)
+    dead = plan.dead[0]
+    tail = list((run_dir / JOURNAL_DIR / f"rank={dead}").glob("events-*.seg"))
+    parts = list((run_dir / "events" / f"rank={dead}").glob("part-*.parquet"))
+    assert len(tail) == 1 and len(parts) >= 2, (tail, parts)
+    made = generate_run.rank_tables(TINY, plan, dead)
+    for table in ("events", "allgathers", "markers", "gradients", "settings"):
+        read = read_rank(run_dir, table, dead).drop_columns(["rank"])
+        assert read.to_pylist() == made[table].to_pylist(), table
+
+
+def test_closed_rank_is_what_the_writer_process_leaves(tmp_path: Path) -> None:
+    """The same rows through the recorder's journal and ``PartWriter.finish`` give the same
+    files: names (fixed tables), schema with metadata, row groups, compression, rows."""
+    import _run_files
+    import _run_tables
+
+    from fsdptrace.record.part_writer import PartWriter
+
+    rank = 1
+    plan = generate_run.plan_for(TINY)
+    tables = generate_run.rank_tables(TINY, plan, rank)
+    writer = _run_tables.writer_id(rank)
+    _run_files.write_closed(tmp_path / "generated", rank, writer, tables)
+    real = PartWriter(tmp_path / "recorded", rank=rank, version=__version__, writer_id=writer)
+    real.journal_dir.mkdir(parents=True)
+    real.write_empty_tables()
+    for name, table in tables.items():
+        _run_files.journal_rows(real.journal_dir, name, writer, table, (65536, 1 << 22))
+    real.finish()
+    for name in schema.TABLES:
+        [ours] = (tmp_path / "generated" / name / f"rank={rank}").iterdir()
+        [theirs] = (tmp_path / "recorded" / name / f"rank={rank}").iterdir()
+        if name in FIXED_TABLES or not tables.get(name, pa.table({})).num_rows:
+            assert ours.name == theirs.name, name
+        a, b = pq.ParquetFile(ours), pq.ParquetFile(theirs)
+        assert a.schema_arrow.equals(b.schema_arrow, check_metadata=True), name
+        assert a.metadata.num_row_groups == b.metadata.num_row_groups, name
+        if a.metadata.num_rows:
+            assert (a.metadata.row_group(0).column(0).compression
+                    == b.metadata.row_group(0).column(0).compression), name
+        assert a.read().to_pylist() == b.read().to_pylist(), name
+
+
+@pytest.mark.slow
+def test_matches_a_real_recording(tiny: tuple[Path, set[tuple]], tmp_path: Path) -> None:
+    """A real 2-rank job recorded with ``fsdptrace record``: the same tables, part names of
+    the same form and segment ranges, the same schemas and footer metadata keys."""
+    recorded = tmp_path / "recorded"
+    bin_dir = Path(sys.executable).parent
+    job = subprocess.run(
+        [sys.executable, "-m", "fsdptrace_cli.main", "record", "--run-dir", str(recorded), "--",
+         str(bin_dir / "torchrun"), "--nproc-per-node", "2",
+         str(ROOT / "examples" / "train_tiny.py"), "--steps", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert job.returncode in (0, 1), job.stdout + job.stderr
+    generated, _ = tiny
+
+    def layout(run_dir: Path, rank: int) -> dict[str, tuple]:
+        found = {}
+        for table_dir in sorted(p for p in run_dir.iterdir() if p.is_dir()):
+            if table_dir.name == JOURNAL_DIR:
+                continue
+            [part] = (table_dir / f"rank={rank}").iterdir()
+            match = RANGE_PART_NAME.match(part.name)
+            assert match, part
+            footer = pq.ParquetFile(part)
+            found[table_dir.name] = (
+                match["first"], match["last"] == "000000", footer.metadata.num_row_groups,
+                sorted(footer.schema_arrow.metadata), footer.schema_arrow.remove_metadata())
+        return found
+
+    ours, theirs = layout(generated, 1), layout(recorded, 1)
+    assert sorted(ours) == sorted(theirs) == sorted(schema.TABLES)
+    for name in schema.TABLES:
+        assert ours[name] == theirs[name], name
+    assert sorted(p.name for p in generated.iterdir()) == sorted(
+        [*(p.name for p in recorded.iterdir()), generate_run.PLANTED_FILE])
+
+
+def test_generator_command_line_and_analyze(tmp_path: Path) -> None:
+    """The command line CI runs: a tiny run dir, then ``fsdptrace analyze`` finds every
+    planted problem, the dead ranks' stalls included."""
+    run_dir = tmp_path / "run"
+    generate_run.main([str(run_dir), "--events", "3000", "--ranks", "6", "--units", "6",
+                       "--micro-steps", "2"])
+    expected = generate_run.read_expected(run_dir)
+    dead = generate_run.plan_for(TINY).dead
+    assert {row[1] for row in expected if row[0] == "stalled-rank"} >= set(dead)
+    result = subprocess.run(
+        [sys.executable, "-m", "fsdptrace_cli.main", "analyze", str(run_dir), "--format",
+         "json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 1, result.stderr
+    assert where(pd.DataFrame(json.loads(result.stdout)["findings"])) == expected
 
 
 def test_quick_benchmark_runs(tmp_path: Path) -> None:
@@ -72,3 +196,26 @@ def test_quick_benchmark_runs(tmp_path: Path) -> None:
          "--work-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "| events | ranks |" in result.stdout
+
+
+def test_engines_benchmark_agrees(tiny: tuple[Path, set[tuple]]) -> None:
+    """The engines benchmark on a tiny run: the engines that always exist agree, and the dead
+    ranks' journal tails are named as what they cannot read."""
+    run_dir, _ = tiny
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "engines.py"), str(run_dir), "--repeat", "1",
+         "--engines", "fsdptrace-reader,pq-per-file,pa-dataset", "--tasks", "last,orders"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| last | pa-dataset |" in result.stdout
+    assert "outside the 1 ranks whose rows are (partly) a journal tail" in result.stdout
+
+
+def test_dask_benchmark_runs(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "dask_vs_jobs.py"), "--ranks", "6",
+         "--events", "3000", "--repeat", "1", "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| dask-2 |" in result.stdout

@@ -1,7 +1,9 @@
 """``analyze`` on a Dask cluster gives exactly the local findings, and fails clearly without Dask.
 
 The cluster is a LocalCluster on loopback started by the test (threads, no extra processes),
-reached through its ``tcp://`` address as a remote scheduler would be.
+reached through its ``tcp://`` address as a remote scheduler would be. The run dir is a
+generated one in the recorder's format, with dead ranks whose rows span Parquet parts and
+journal segments, so the workers fold journal tails in as the local reader does.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import fsdptrace
-from tests.synthetic import generate_tiny
+from tests.synthetic import TINY, generate_run, where
 
 distributed = pytest.importorskip(
     "distributed", reason="Dask distributed not installed: pip install 'fsdptrace[dask]'")
@@ -35,8 +37,20 @@ def scheduler() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("dask") / "run"
-    generate_tiny(path)
+    generate_run.generate(path, TINY, segment_bytes=(4096, 8192))
     return path
+
+
+def test_every_path_finds_the_planted_findings(run_dir: Path, scheduler: str) -> None:
+    """One process, two processes, a Dask cluster: the same table, every planted finding,
+    the dead ranks' stalls (read from their journal tails) included."""
+    from fsdptrace.distributed import analyze_distributed
+
+    assert list((run_dir / "journal").glob("rank=*/events-*.seg"))
+    serial = fsdptrace.analyze(run_dir, jobs=1)
+    pd.testing.assert_frame_equal(serial, fsdptrace.analyze(run_dir, jobs=2))
+    pd.testing.assert_frame_equal(serial, analyze_distributed(run_dir, scheduler))
+    assert where(serial) == generate_run.read_expected(run_dir)
 
 
 def test_cluster_findings_equal_local(run_dir: Path, scheduler: str) -> None:
