@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 import fsdptrace
+from fsdptrace import analysis, last_step, reader
 from fsdptrace.checks import CHECKS
 from tests.synthetic import TINY, generate_run, generate_tiny, where
 
@@ -71,3 +73,35 @@ def test_quick_benchmark_runs(tmp_path: Path) -> None:
          "--work-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "| events | ranks |" in result.stdout
+
+
+def test_batches_of_any_size_give_the_same_findings(tiny: tuple[Path, set[tuple]],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The map step batches ranks; one rank per batch, a row limit that splits the run, one
+    batch for all and two processes must all give the same table."""
+    run_dir, _ = tiny
+    whole = fsdptrace.analyze(run_dir)
+    monkeypatch.setattr(analysis, "BATCH_RANKS", 1)
+    pd.testing.assert_frame_equal(whole, fsdptrace.analyze(run_dir))
+    pd.testing.assert_frame_equal(whole, fsdptrace.analyze(run_dir, jobs=2))
+    monkeypatch.setattr(analysis, "BATCH_RANKS", 256)
+    monkeypatch.setattr(analysis, "BATCH_ROWS", TINY.num_events // TINY.ranks * 2)
+    pd.testing.assert_frame_equal(whole, fsdptrace.analyze(run_dir))
+
+
+def test_triage_reads_endings_and_agrees(tmp_path: Path) -> None:
+    """``--check stalled-rank`` reads each rank's ending and last step only (row-group
+    statistics), and says exactly what the full analysis says of the stalls."""
+    run_dir = tmp_path / "run"
+    generate_tiny(run_dir)
+    # Small row groups: the stalled rank's last step spans several, its history many more.
+    for path in sorted((run_dir / "events").glob("rank=*/part-*.parquet")):
+        data = pq.read_table(path)
+        pq.write_table(data, path, row_group_size=7)
+    full = fsdptrace.analyze(run_dir)
+    stalled = full[full["check"] == "stalled-rank"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(stalled, fsdptrace.analyze(run_dir, checks=["stalled-rank"]))
+    rank = generate_run.Plan().stalled
+    last = last_step.read_last_step(run_dir, rank)
+    assert TINY.steps - 1 in set(last.column("step").to_pylist())
+    assert last.num_rows < reader.read_rank(run_dir, "events", rank).num_rows // 2
