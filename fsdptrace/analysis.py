@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,12 +248,17 @@ def _analyze_trace(trace: Trace, names: list[str]) -> pd.DataFrame:
                             lambda _: trace.prefetch)
 
 
+def rank_pieces(ranks: list[int], workers: int) -> list[list[int]]:
+    """``ranks`` cut into pieces of work for ``map_ranks``: a few per worker for balance and
+    for progress that moves, each at most one batch."""
+    size = max(1, min(BATCH_RANKS, -(-len(ranks) // (max(workers, 1) * 4))))
+    return [ranks[i:i + size] for i in range(0, len(ranks), size)]
+
+
 def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
                progress: Callable[[int], None] | None) -> list[RankSummary]:
     highest = reader.highest_meta_rank(run_dir)
-    # Pieces of work: a few per process for balance, each at most a batch of ranks.
-    size = max(1, min(BATCH_RANKS, -(-len(ranks) // (max(jobs, 1) * 4))))
-    pieces = [ranks[i:i + size] for i in range(0, len(ranks), size)]
+    pieces = rank_pieces(ranks, jobs)
     summaries: list[RankSummary] = []
     done = 0
     if jobs <= 1 or len(pieces) <= 1:
@@ -263,17 +268,20 @@ def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
             if progress:
                 progress(done)
         return summaries
+    by_piece: dict[int, list[RankSummary]] = {}
     with ProcessPoolExecutor(max_workers=jobs, initializer=chunk_gaps.quiet) as pool:
-        futures = [pool.submit(map_ranks, run_dir, piece, names, highest_rank=highest)
-                   for piece in pieces]
-        for piece, future in zip(pieces, futures, strict=True):
-            for summary in future.result():
-                for chunk in summary.skipped:
-                    chunk_gaps.note(chunk)
-                summaries.append(summary)
-            done += len(piece)
+        futures = {pool.submit(map_ranks, run_dir, piece, names, highest_rank=highest): i
+                   for i, piece in enumerate(pieces)}
+        for future in as_completed(futures):  # progress as pieces finish, in any order
+            by_piece[futures[future]] = future.result()
+            done += len(pieces[futures[future]])
             if progress:
                 progress(done)
+    for i in range(len(pieces)):
+        for summary in by_piece[i]:
+            for chunk in summary.skipped:
+                chunk_gaps.note(chunk)
+            summaries.append(summary)
     return summaries
 
 

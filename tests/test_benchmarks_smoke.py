@@ -83,7 +83,10 @@ def test_batches_of_any_size_give_the_same_findings(tiny: tuple[Path, set[tuple]
     whole = fsdptrace.analyze(run_dir)
     monkeypatch.setattr(analysis, "BATCH_RANKS", 1)
     pd.testing.assert_frame_equal(whole, fsdptrace.analyze(run_dir))
-    pd.testing.assert_frame_equal(whole, fsdptrace.analyze(run_dir, jobs=2))
+    done: list[int] = []
+    pd.testing.assert_frame_equal(whole, fsdptrace.analyze(run_dir, jobs=2,
+                                                           progress=done.append))
+    assert done == sorted(set(done)) and done[-1] == TINY.ranks - 1  # one missing on disk
     monkeypatch.setattr(analysis, "BATCH_RANKS", 256)
     monkeypatch.setattr(analysis, "BATCH_ROWS", TINY.num_events // TINY.ranks * 2)
     pd.testing.assert_frame_equal(whole, fsdptrace.analyze(run_dir))
