@@ -164,7 +164,8 @@ def map_ranks(run_dir: Path, ranks: list[int], names: list[str], *,
 
 def _read_ending(run_dir: Path, rank: int, highest: int) -> dict[str, pa.Table]:
     """What the ending checks read of a rank: meta, markers and the last step's events."""
-    arrow = {t: reader.read_rank(run_dir, t, rank, highest_rank=highest)
+    # No probe of other tables' chunks for damage: a gap's rows are no ending.
+    arrow = {t: reader.read_rank(run_dir, t, rank, highest_rank=highest, gaps=False)
              for t in ("meta", "markers")}
     arrow["events"] = last_step.read_last_step(run_dir, rank)
     if not any(table.num_rows for table in arrow.values()):  # present through units alone?

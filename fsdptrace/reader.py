@@ -22,6 +22,8 @@ from fsdptrace.journal_format import JOURNAL_DIR, RANGE_PART_NAME
 from fsdptrace.record.run_dirs import launch_dirs
 
 _PART_FILE = re.compile(r"^part-.*\.parquet$")
+# Rows from which a chunk is decoded on several threads.
+_THREADED_ROWS = 1 << 16
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -131,11 +133,14 @@ def read_file(path: Path, table: str, *, row_groups: list[int] | None = None) ->
     try:
         parquet = _open(path, expected)
         validate.check_footer(path, parquet.metadata)
-        columns = [n for n in expected.names if n in set(parquet.schema_arrow.names)]
+        present = set(parquet.schema_arrow.names)
+        columns = [n for n in expected.names if n in present]
+        # Threads pay off on big chunks only: the map step fans out over processes.
+        threads = parquet.metadata.num_rows >= _THREADED_ROWS
         if row_groups is None:
-            data = parquet.read(columns=columns)
+            data = parquet.read(columns=columns, use_threads=threads)
         else:
-            data = parquet.read_row_groups(row_groups, columns=columns)
+            data = parquet.read_row_groups(row_groups, columns=columns, use_threads=threads)
     except pa.ArrowMemoryError:
         raise  # not the file's fault: never call it corrupt
     except (pa.ArrowException, OSError) as error:
@@ -193,13 +198,14 @@ def _conform(data: pa.Table, expected: pa.Schema, *, path: Path, table: str) -> 
 _RELIST_ATTEMPTS = 5
 
 
-def read_rank(run_dir: Path, table: str, rank: int, *, highest_rank: int | None = None
-              ) -> pa.Table:
+def read_rank(run_dir: Path, table: str, rank: int, *, highest_rank: int | None = None,
+              gaps: bool = True) -> pa.Table:
     """All chunks of one table for one rank, as one table with a ``rank`` column.
 
     ``highest_rank``: the highest rank with a meta partition (``highest_meta_rank``), which
     the meta table's world size is checked against; a caller reading many ranks lists it
-    once, not once per rank.
+    once, not once per rank. ``gaps=False``: markers without the ``dropped_rows`` rows of
+    other tables' unreadable chunks (no footer of theirs is opened), for a reader of endings.
 
     A writer process may be converting or compacting while we read (a rank still running,
     or one that just died). Segments are listed before parts, so a segment converted in
@@ -224,14 +230,15 @@ def read_rank(run_dir: Path, table: str, rank: int, *, highest_rank: int | None 
         validate.check_world_size(data, highest_rank=max(highest, rank), partition=partition)
     elif table == "markers":
         validate.check_drop_details(data, partition=partition)
+    if table == "markers" and gaps:
         # After the check: a gap's range is not one the rank's own markers vouch for.
         last_step = int(pc.max(data.column("step")).as_py() or 0) if data.num_rows else 0
         first_t_ns = int(pc.min(data.column("t_ns")).as_py() or 0) if data.num_rows else 0
-        gaps = chunk_gaps.gap_markers(_rank_parts(run_dir, rank), rank,
-                                      last_step=last_step + validate.STEP_RANGE_MARGIN,
-                                      t_ns=first_t_ns)
-        if gaps is not None:
-            data = pa.concat_tables([data, gaps.cast(data.schema)]).unify_dictionaries()
+        gap_rows = chunk_gaps.gap_markers(_rank_parts(run_dir, rank), rank,
+                                          last_step=last_step + validate.STEP_RANGE_MARGIN,
+                                          t_ns=first_t_ns)
+        if gap_rows is not None:
+            data = pa.concat_tables([data, gap_rows.cast(data.schema)]).unify_dictionaries()
     return with_rank(data, rank)
 
 
