@@ -44,6 +44,8 @@ BATCH_RANKS = 256
 # Checks that read only each rank's ending and last pass: when they are all that is asked
 # (hang triage), the map step reads meta, markers and the last step's events, not history.
 ENDING_CHECKS = frozenset({STALLED_RANK})
+# Markers last: probing a rank's chunks for damage skips those already read whole.
+_READ_ORDER = tuple(t for t in TABLE_NAMES if t != "markers") + ("markers",)
 
 
 @dataclass
@@ -151,7 +153,7 @@ def map_ranks(run_dir: Path, ranks: list[int], names: list[str], *,
     for rank in ranks:
         arrow = (_read_ending(run_dir, rank, highest) if triage
                  else {t: reader.read_rank(run_dir, t, rank, highest_rank=highest)
-                       for t in TABLE_NAMES})
+                       for t in _READ_ORDER})
         batch.append((rank, arrow))
         rows += sum(table.num_rows for table in arrow.values())
         if rows >= BATCH_ROWS or len(batch) >= BATCH_RANKS or rank == ranks[-1]:

@@ -43,7 +43,8 @@ def read_last_step(run_dir: Path, rank: int) -> pa.Table:
         return reader.read_rank(run_dir, TABLE, rank)
     files = reader.part_files(partition)
     try:
-        groups = [g for i, path in enumerate(files) for g in _groups(i, path)]
+        footers = [pq.read_metadata(path) for path in files]
+        groups = [g for i, footer in enumerate(footers) for g in _groups(i, footer, files[i])]
     except (pa.ArrowException, OSError, FsdptraceError):
         return reader.read_rank(run_dir, TABLE, rank)  # it skips or names the damage
     if any(g.max_seq is None or g.min_step is None or g.max_step is None for g in groups):
@@ -52,17 +53,18 @@ def read_last_step(run_dir: Path, rank: int) -> pa.Table:
     if top is None:
         return reader.read_rank(run_dir, TABLE, rank)
     try:
-        last = _read(files, [g for g in groups if g.max_seq == top])
-        step = _step_at_max_seq(last)
-        wanted = [g for g in groups if g.min_step <= step <= g.max_step]  # type: ignore[operator]
-        data = _read(files, sorted(set(wanted) | {g for g in groups if g.max_seq == top}))
+        first = {g for g in groups if g.max_seq == top}
+        data = _read(files, footers, sorted(first))
+        step = _step_at_max_seq(data)
+        wanted = {g for g in groups if g.min_step <= step <= g.max_step}  # type: ignore[operator]
+        if not wanted <= first:  # the step began in earlier row groups: read them in order
+            data = _read(files, footers, sorted(wanted | first))
     except (FsdptraceError, FileNotFoundError):
         return reader.read_rank(run_dir, TABLE, rank)
     return reader.with_rank(data, rank)
 
 
-def _groups(file: int, path: Path) -> list[_Group]:
-    metadata = pq.read_metadata(path)
+def _groups(file: int, metadata: pq.FileMetaData, path: Path) -> list[_Group]:
     names = [metadata.schema.column(i).name for i in range(metadata.num_columns)]
     if "seq" not in names or "step" not in names:
         raise FsdptraceError(f"{path}: no seq or step column")
@@ -79,12 +81,13 @@ def _groups(file: int, path: Path) -> list[_Group]:
     return out
 
 
-def _read(files: list[Path], groups: list[_Group]) -> pa.Table:
+def _read(files: list[Path], footers: list[pq.FileMetaData], groups: list[_Group]
+          ) -> pa.Table:
     """The rows of ``groups``, file by file in the reader's order, each file checked."""
     by_file: dict[int, list[int]] = {}
     for group in sorted(groups):
         by_file.setdefault(group.file, []).append(group.row_group)
-    parts = [reader.read_file(files[f], TABLE, row_groups=indices)
+    parts = [reader.read_file(files[f], TABLE, row_groups=indices, footer=footers[f])
              for f, indices in sorted(by_file.items())]
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts).unify_dictionaries()
 

@@ -122,16 +122,18 @@ def _inside_another(path: Path, ranges: dict[str, list[tuple[int, int]]]) -> boo
                for a, b in ranges[match["writer"]])
 
 
-def read_file(path: Path, table: str, *, row_groups: list[int] | None = None) -> pa.Table:
+def read_file(path: Path, table: str, *, row_groups: list[int] | None = None,
+              footer: pq.FileMetaData | None = None) -> pa.Table:
     """Read one chunk, check its schema version, columns and values (``fsdptrace.validate``).
 
     The footer is checked before any data is read, and only the declared columns are read,
     text dictionary-encoded, so a file's claims cannot make the reader allocate beyond it.
-    ``row_groups``: read only these (the file's footer is checked whole all the same).
+    ``row_groups``: read only these (the file's footer is checked whole all the same);
+    ``footer``: the file's footer, when the caller has parsed it already.
     """
     expected = schema.TABLES[table]
     try:
-        parquet = _open(path, expected)
+        parquet = _open(path, expected, footer)
         validate.check_footer(path, parquet.metadata)
         present = set(parquet.schema_arrow.names)
         columns = [n for n in expected.names if n in present]
@@ -165,18 +167,22 @@ def read_file(path: Path, table: str, *, row_groups: list[int] | None = None) ->
     validate.check_strings(data, path=path)
     conformed = _conform(data.select(expected.names), expected, path=path, table=table)
     validate.check_values(conformed, table=table, path=path)
+    if row_groups is None:
+        chunk_gaps.read_whole(path)
     return conformed
 
 
-def _open(path: Path, expected: pa.Schema) -> pq.ParquetFile:
+def _open(path: Path, expected: pa.Schema, footer: pq.FileMetaData | None
+          ) -> pq.ParquetFile:
     """The file, its text columns to be read dictionary-encoded (one open, one footer parse
     when every declared column is there, as the recorder writes them)."""
     text = [f.name for f in expected if _is_text(f.type)]
     try:
-        return pq.ParquetFile(path, read_dictionary=text)
+        return pq.ParquetFile(path, metadata=footer, read_dictionary=text)
     except KeyError:  # a declared text column is missing: name only those present
-        present = set(pq.ParquetFile(path).schema_arrow.names)
-        return pq.ParquetFile(path, read_dictionary=[n for n in text if n in present])
+        present = set(pq.ParquetFile(path, metadata=footer).schema_arrow.names)
+        return pq.ParquetFile(path, metadata=footer,
+                              read_dictionary=[n for n in text if n in present])
 
 
 def _is_text(kind: pa.DataType) -> bool:
