@@ -9,7 +9,12 @@ of an earlier measurement. Every analysis is also checked against the planted fi
 
     python benchmarks/analyzer_throughput.py            # 1M and 10M events
     python benchmarks/analyzer_throughput.py --sizes 1e6,1e7,5e7
+    python benchmarks/analyzer_throughput.py --sizes 6.2e6 --ranks 10240 --units 8
+    python benchmarks/analyzer_throughput.py --run-dir /tmp/run   # one already generated
     python benchmarks/analyzer_throughput.py --quick    # CI smoke test, < 30 s
+
+``triage`` is ``analyze --check stalled-rank`` (what a person runs first after a hang): it
+must report exactly the planted stalled-rank findings.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generate_run  # noqa: E402
 
 TABLES = ("events", "markers", "prefetch", "gradients", "pending", "units", "meta")
-VARIANTS = ("read", "analyze-j1", "analyze-j2")
+VARIANTS = ("read", "analyze-j1", "analyze-j2", "triage")
+TRIAGE = "stalled-rank"
 WHERE = ["check", "rank", "step", "micro_step", "phase", "unit", "target"]
 
 
@@ -45,13 +51,13 @@ def read_floor(run_dir: Path) -> int:
     return num_events
 
 
-def found(run_dir: Path, jobs: int) -> set[tuple]:
+def found(run_dir: Path, jobs: int, checks: list[str] | None = None) -> set[tuple]:
     """The analysis, as comparable (check, rank, step, micro_step, phase, unit, target) rows."""
     import pandas as pd
 
     import fsdptrace
 
-    findings = fsdptrace.analyze(run_dir, jobs=jobs).findings
+    findings = fsdptrace.analyze(run_dir, jobs=jobs, checks=checks).findings
     return {tuple(None if pd.isna(v) else v for v in row)
             for row in findings[WHERE].itertuples(index=False, name=None)}
 
@@ -64,6 +70,10 @@ def child(variant: str, run_dir: Path) -> dict[str, object]:
     result: dict[str, object] = {}
     if variant == "read":
         result["events"] = read_floor(run_dir)
+    elif variant == "triage":
+        got = found(run_dir, jobs=1, checks=[TRIAGE])
+        result["correct"] = got == {f for f in generate_run.read_expected(run_dir)
+                                    if f[0] == TRIAGE}
     else:
         got = found(run_dir, jobs=int(variant[-1]))
         result["correct"] = got == generate_run.read_expected(run_dir)
@@ -81,11 +91,15 @@ def measure(variant: str, run_dir: Path) -> dict[str, object]:
 
 
 def bench_size(num_events: int, work: Path, repeats: int, **shape: int) -> dict[str, object]:
-    """Generate one run dir, then measure every variant ``repeats`` times in rotating order."""
+    """Generate one run dir, then measure it."""
     run_dir = work / f"run-{num_events}"
     started = time.perf_counter()
     generate_run.generate(run_dir, generate_run.shape_for(num_events, **shape))
-    generated = time.perf_counter() - started
+    return bench_run_dir(run_dir, repeats, generated=time.perf_counter() - started)
+
+
+def bench_run_dir(run_dir: Path, repeats: int, *, generated: float = 0.0) -> dict[str, object]:
+    """Measure every variant ``repeats`` times on ``run_dir``, in rotating order."""
     samples: dict[str, list[dict[str, object]]] = {v: [] for v in VARIANTS}
     for rep in range(repeats):
         shift = rep % len(VARIANTS)
@@ -98,14 +112,16 @@ def bench_size(num_events: int, work: Path, repeats: int, **shape: int) -> dict[
     best = {v: min(float(s["seconds"]) for s in samples[v]) for v in VARIANTS}
     peak = {v: max(float(s["peak_mib"]) for s in samples[v]) for v in VARIANTS}
     events = int(samples["read"][0]["events"])
-    return {"events": events, "ranks": shape.get("ranks", 16), "generate_s": generated,
-            "best": best, "peak": peak}
+    ranks = json.loads((run_dir / generate_run.PLANTED_FILE).read_text())["shape"]["ranks"]
+    return {"events": events, "ranks": ranks, "generate_s": generated, "best": best,
+            "peak": peak}
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
     headers = ["events", "ranks", "gen s", "read s", "analyze s (j1)", "events/s (j1)",
                "ratio to read", "peak MiB (read)", "peak MiB (j1)", "analyze s (j2)",
-               "j2 speed-up", "peak MiB (j2, max proc)"]
+               "j2 speed-up", "peak MiB (j2, max proc)", "triage s", "triage to read",
+               "peak MiB (triage)"]
     print("| " + " | ".join(headers) + " |")
     print("|" + "|".join("---" for _ in headers) + "|")
     for row in rows:
@@ -117,7 +133,9 @@ def print_table(rows: list[dict[str, object]]) -> None:
                  f"{events / best['analyze-j1']:,.0f}",
                  f"{best['analyze-j1'] / best['read']:.1f}x", f"{peak['read']:.0f}",
                  f"{peak['analyze-j1']:.0f}", f"{best['analyze-j2']:.2f}",
-                 f"{best['analyze-j1'] / best['analyze-j2']:.2f}x", f"{peak['analyze-j2']:.0f}"]
+                 f"{best['analyze-j1'] / best['analyze-j2']:.2f}x", f"{peak['analyze-j2']:.0f}",
+                 f"{best['triage']:.2f}", f"{best['triage'] / best['read']:.2f}x",
+                 f"{peak['triage']:.0f}"]
         print("| " + " | ".join(str(c) for c in cells) + " |")
     sys.stdout.flush()
 
@@ -128,6 +146,9 @@ def main(argv: list[str] | None = None) -> None:
                         help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default="1e6,1e7", help="total events per run dir")
     parser.add_argument("--ranks", type=int, default=16)
+    parser.add_argument("--units", type=int, default=48)
+    parser.add_argument("--run-dir", type=Path, action="append",
+                        help="measure this generated run dir (repeatable) instead of --sizes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work-dir", type=Path, help="keep the run dirs here")
     parser.add_argument("--quick", action="store_true",
@@ -137,10 +158,13 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(child(args.child[0], Path(args.child[1]))))
         return
     sizes = [int(float(s)) for s in args.sizes.split(",")]
-    shape = {"ranks": args.ranks}
+    shape = {"ranks": args.ranks, "units": args.units}
     if args.quick:
         sizes, args.repeats = [20_000], 1
         shape = {"ranks": 6, "units": 8, "micro_steps": 2}
+    if args.run_dir:
+        print_table([bench_run_dir(path, args.repeats) for path in args.run_dir])
+        return
     with tempfile.TemporaryDirectory(dir=args.work_dir) as work:
         rows = []
         for size in sizes:

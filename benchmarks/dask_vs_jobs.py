@@ -58,7 +58,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import fsdptrace
     from fsdptrace import reader
-    from fsdptrace.distributed import analyze_distributed
 
     work = Path(tempfile.mkdtemp(dir=args.work_dir)) if args.run_dir is None else None
     run_dir = args.run_dir or work / "run"  # type: ignore[operator]
@@ -77,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.perf_counter() - started:.1f} s (not timed below)")
         variants = {
             f"jobs-{args.workers}": lambda: fsdptrace.analyze(run_dir, args.checks,
-                                                              jobs=args.workers),
-            f"dask-{args.workers}": lambda: analyze_distributed(run_dir, client, args.checks),
+                                                              jobs=args.workers).findings,
+            f"dask-{args.workers}": lambda: fsdptrace.analyze(run_dir, args.checks,
+                                                              scheduler=client).findings,
         }
         client.run(_warm)  # imports are not measured
         num_ranks = len(reader.discover_ranks(run_dir))

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
-from fsdptrace import chunk_gaps, endings, reader
+from fsdptrace import chunk_gaps, endings, last_step, reader
 from fsdptrace.checks import (
     ACROSS_RANKS,
     CHECKS,
@@ -32,9 +33,21 @@ from fsdptrace.checks import (
 )
 from fsdptrace.checks.contract import Merged
 from fsdptrace.checks.order import unit_sets
+from fsdptrace.checks.stalled_rank import NAME as STALLED_RANK
 from fsdptrace.checks.tables import RankTables
 from fsdptrace.result import Analysis
 from fsdptrace.trace import TABLE_NAMES, Trace, check_meta, read_frame, to_frame
+
+# A map-step batch grows until it holds this many rows or ranks (``map_ranks``): big enough
+# that the checks' fixed cost per call is shared by many small ranks, small enough that memory
+# stays bounded (a deep rank is a batch of its own).
+BATCH_ROWS = 1_000_000
+BATCH_RANKS = 256
+# Checks that read only each rank's ending and last pass: when they are all that is asked
+# (hang triage), the map step reads meta, markers and the last step's events, not history.
+ENDING_CHECKS = frozenset({STALLED_RANK})
+# Markers last: probing a rank's chunks for damage skips those already read whole.
+_READ_ORDER = tuple(t for t in TABLE_NAMES if t != "markers") + ("markers",)
 
 
 @dataclass
@@ -123,18 +136,70 @@ def _concat_summaries(summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
 
 
 def map_rank(run_dir: Path, rank: int, names: list[str]) -> RankSummary:
-    """The map step for one rank of a run dir (what each process or Dask worker runs).
+    """The map step for one rank of a run dir (``map_ranks`` of one rank)."""
+    return map_ranks(run_dir, [rank], names)[0]
 
-    Reads Arrow tables and hands their columns to the checks: no pandas copy of the events.
+
+def map_ranks(run_dir: Path, ranks: list[int], names: list[str], *,
+              highest_rank: int | None = None) -> list[RankSummary]:
+    """The map step for some ranks of a run dir (what each process or Dask worker runs).
+
+    Ranks are read one by one with pyarrow, into batches of at most ``BATCH_ROWS`` rows or
+    ``BATCH_RANKS`` ranks, and the checks run once per batch on its code columns (no pandas
+    copy of the events): a check's fixed cost is milliseconds of pandas whatever its rows,
+    and a 10,000-rank run would pay it per rank. One summary per batch.
     """
+    highest = reader.highest_meta_rank(run_dir) if highest_rank is None else highest_rank
+    triage = set(names) <= ENDING_CHECKS
+    summaries: list[RankSummary] = []
+    batch: list[tuple[int, dict[str, pa.Table]]] = []
+    rows = 0
     skipped_before = len(chunk_gaps.noted())
-    arrow = {t: reader.read_rank(run_dir, t, rank) for t in TABLE_NAMES}
+    for rank in ranks:
+        arrow = (_read_ending(run_dir, rank, highest) if triage
+                 else {t: reader.read_rank(run_dir, t, rank, highest_rank=highest)
+                       for t in _READ_ORDER})
+        batch.append((rank, arrow))
+        rows += sum(table.num_rows for table in arrow.values())
+        if rows >= BATCH_ROWS or len(batch) >= BATCH_RANKS or rank == ranks[-1]:
+            summaries.append(_map_batch(run_dir, batch, names, triage=triage))
+            summaries[-1].skipped = chunk_gaps.noted()[skipped_before:]
+            skipped_before += len(summaries[-1].skipped)
+            batch, rows = [], 0
+    return summaries
+
+
+def _read_ending(run_dir: Path, rank: int, highest: int) -> dict[str, pa.Table]:
+    """What the ending checks read of a rank: meta, markers and the last step's events."""
+    # No probe of other tables' chunks for damage: a gap's rows are no ending.
+    arrow = {t: reader.read_rank(run_dir, t, rank, highest_rank=highest, gaps=False)
+             for t in ("meta", "markers")}
+    arrow["events"] = last_step.read_last_step(run_dir, rank)
+    if not any(table.num_rows for table in arrow.values()):  # present through units alone?
+        arrow["units"] = reader.read_rank(run_dir, "units", rank, highest_rank=highest)
+    return arrow
+
+
+def _map_batch(run_dir: Path, batch: list[tuple[int, dict[str, pa.Table]]],
+               names: list[str], *, triage: bool) -> RankSummary:
+    read = {t for _, arrow in batch for t in arrow}
+    arrow = {t: reader.concat_ranks([a[t] for _, a in batch if t in a], t) for t in read}
     tables = RankTables.from_arrow(arrow, lambda t: to_frame(arrow[t]))
     check_meta(tables.frame("meta"), run_dir)
-    present = any(arrow[t].num_rows for t in ("meta", "units", "events", "markers"))
-    summary = map_tables(tables, names, ranks=[rank] if present else [])
-    summary.skipped = chunk_gaps.noted()[skipped_before:]
-    return summary
+    present = [rank for rank, a in batch
+               if any(a[t].num_rows for t in ("meta", "units", "events", "markers") if t in a)]
+    if triage:
+        return _map_endings(tables, ranks=present)
+    return map_tables(tables, names, ranks=present)
+
+
+def _map_endings(tables: RankTables, *, ranks: list[int]) -> RankSummary:
+    """``map_tables`` for the ending checks: the summaries they read, the rest left empty."""
+    empty = pd.DataFrame()
+    return RankSummary(findings=findings.empty(), signatures=empty, config_signatures=empty,
+                       unit_sets=empty, last=positions.last_positions(tables.events),
+                       ends=endings.ending_markers(tables.frame("markers")),
+                       meta=tables.frame("meta"), ranks=ranks)
 
 
 def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None = None, *,
@@ -222,26 +287,43 @@ def _analyze_trace(trace: Trace, names: list[str]) -> Analysis:
     return _result(found, [summary], names, run_dir=trace.run_dir, source=trace)
 
 
+def rank_pieces(ranks: list[int], workers: int) -> list[list[int]]:
+    """``ranks`` cut into pieces of work for ``map_ranks``: a few per worker for balance and
+    for progress that moves, each at most one batch."""
+    size = max(1, min(BATCH_RANKS, -(-len(ranks) // (max(workers, 1) * 4))))
+    return [ranks[i:i + size] for i in range(0, len(ranks), size)]
+
+
 def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
                progress: Callable[[int, int], None] | None) -> list[RankSummary]:
+    highest = reader.highest_meta_rank(run_dir)
+    pieces = rank_pieces(ranks, jobs)
     summaries: list[RankSummary] = []
-    if jobs <= 1 or len(ranks) <= 1:
-        for rank in ranks:
-            summaries.append(map_rank(run_dir, rank, names))
+    done = 0
+    if jobs <= 1 or len(pieces) <= 1:
+        for piece in pieces:
+            summaries += map_ranks(run_dir, piece, names, highest_rank=highest)
+            done += len(piece)
             if progress:
-                progress(len(summaries), len(ranks))
+                progress(done, len(ranks))
         return summaries
+    by_piece: dict[int, list[RankSummary]] = {}
     with ProcessPoolExecutor(max_workers=jobs, initializer=chunk_gaps.quiet) as pool:
-        for summary in pool.map(map_rank, [run_dir] * len(ranks), ranks, [names] * len(ranks),
-                                chunksize=max(1, len(ranks) // (jobs * 8))):
+        futures = {pool.submit(map_ranks, run_dir, piece, names, highest_rank=highest): i
+                   for i, piece in enumerate(pieces)}
+        for future in as_completed(futures):  # progress as pieces finish, in any order
+            by_piece[futures[future]] = future.result()
+            done += len(pieces[futures[future]])
+            if progress:
+                progress(done, len(ranks))
+    for i in range(len(pieces)):
+        for summary in by_piece[i]:
             for chunk in summary.skipped:
                 chunk_gaps.note(chunk)
             summaries.append(summary)
-            if progress:
-                progress(len(summaries), len(ranks))
     return summaries
 
 
 __all__ = ["CHECKS", "Analysis", "RankSummary", "analyze", "available_cores",
-           "incomplete_ranges", "map_rank", "map_trace", "per_rank_findings", "reduce_run_dir",
-           "reduce_summaries"]
+           "incomplete_ranges", "map_rank", "map_ranks", "map_trace", "per_rank_findings",
+           "reduce_run_dir", "reduce_summaries"]

@@ -37,6 +37,17 @@ class SkippedChunk(NamedTuple):
 
 _skipped: dict[Path, SkippedChunk] = {}
 _announce = True
+# Chunks this process read whole without error: the gap probe opens no footer of theirs
+# unless a neighbour is damaged (bounded: a long-lived process reads many run dirs).
+_read_whole: set[Path] = set()
+_MAX_READ_WHOLE = 1 << 18
+
+
+def read_whole(path: Path) -> None:
+    """Remember that ``path`` was read without error (``reader.read_file``)."""
+    if len(_read_whole) >= _MAX_READ_WHOLE:
+        _read_whole.clear()
+    _read_whole.add(path)
 
 
 def note(chunk: SkippedChunk) -> None:
@@ -80,11 +91,15 @@ def gap_markers(parts: dict[str, list[Path]], rank: int, *, last_step: int, t_ns
     """
     spans: dict[Path, tuple[int, int] | None] = {}
     bad: dict[Path, str] = {}
+    unprobed = []
     for table, files in parts.items():
         for path in files:
             known = _skipped.get(path)
             if known is not None:
                 bad[path] = table
+                continue
+            if path in _read_whole:
+                unprobed.append(path)
                 continue
             try:
                 spans[path] = _step_span(pq.ParquetFile(path).metadata)
@@ -96,6 +111,11 @@ def gap_markers(parts: dict[str, list[Path]], rank: int, *, last_step: int, t_ns
                 bad[path] = table
     if not bad:
         return None
+    for path in unprobed:  # a neighbour of a gap: its steps bound the gap
+        try:
+            spans[path] = _step_span(pq.ParquetFile(path).metadata)
+        except (pa.ArrowException, OSError):
+            continue  # replaced since it was read: no bound from it
     capped = {p: (min(s[0], last_step), min(s[1], last_step)) if s else None
               for p, s in spans.items()}
     last_recorded = max((span[1] for span in capped.values() if span), default=0)
@@ -137,4 +157,4 @@ def _step_span(metadata: pq.FileMetaData) -> tuple[int, int] | None:
     return (min(lows), max(highs)) if lows else None
 
 
-__all__ = ["SkippedChunk", "gap_markers", "note", "noted", "quiet", "reset"]
+__all__ = ["SkippedChunk", "gap_markers", "note", "noted", "quiet", "read_whole", "reset"]

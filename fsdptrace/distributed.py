@@ -1,10 +1,11 @@
 """``analyze`` on a Dask distributed cluster: the same map per rank, the same reduce.
 
 Runs of thousands of ranks outgrow one machine's cores; the map step is already one function
-of (run dir, rank), so a cluster only has to call it per rank. The run dir must be readable
-at the same path on every worker (a shared filesystem). The workers return ``RankSummary``
-objects of small DataFrames, which Dask moves between processes itself; the client does the
-reduce and re-reads just the few orders it must spell out, as the local analyzer does.
+of (run dir, ranks), so a cluster only has to call it per piece of ranks. The run dir must be
+readable at the same path on every worker (a shared filesystem). The workers return
+``RankSummary`` objects of small DataFrames, which Dask moves between processes itself; the
+client does the reduce and re-reads just the few orders it must spell out, as the local
+analyzer does.
 
 Dask is an optional extra: ``pip install 'fsdptrace[dask]'``.
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fsdptrace import analysis, chunk_gaps
+from fsdptrace import analysis, chunk_gaps, reader
 from fsdptrace.errors import FsdptraceError
 
 # How long to wait for a scheduler to answer: ``FSDPTRACE_DASK_CONNECT_TIMEOUT`` (seconds).
@@ -65,13 +66,19 @@ def map_distributed(run_dir: Path, ranks: list[int], names: list[str], scheduler
     try:
         from distributed import as_completed
 
-        futures = client.map(analysis.map_rank, [path] * len(ranks), ranks,
-                             [names] * len(ranks), pure=False)
-        for done, future in enumerate(as_completed(futures), start=1):
+        pieces = analysis.rank_pieces(ranks, max(1, sum(client.nthreads().values())))
+        highest = reader.highest_meta_rank(path)
+        futures = [client.submit(analysis.map_ranks, path, piece, names, highest_rank=highest,
+                                 pure=False) for piece in pieces]
+        size = {future.key: len(piece) for future, piece in zip(futures, pieces, strict=True)}
+        done = 0
+        for future in as_completed(futures):
             future.result()  # raises the worker's error, naming the rank's file
+            done += size[future.key]
             if progress:
                 progress(done, len(ranks))
-        summaries: list[analysis.RankSummary] = [future.result() for future in futures]
+        summaries: list[analysis.RankSummary] = [s for future in futures
+                                                 for s in future.result()]
         for summary in summaries:  # what the workers skipped is said here, once
             for chunk in summary.skipped:
                 chunk_gaps.note(chunk)

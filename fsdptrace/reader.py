@@ -22,6 +22,8 @@ from fsdptrace.journal_format import JOURNAL_DIR, RANGE_PART_NAME
 from fsdptrace.record.run_dirs import launch_dirs
 
 _PART_FILE = re.compile(r"^part-.*\.parquet$")
+# Rows from which a chunk is decoded on several threads.
+_THREADED_ROWS = 1 << 16
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -120,20 +122,27 @@ def _inside_another(path: Path, ranges: dict[str, list[tuple[int, int]]]) -> boo
                for a, b in ranges[match["writer"]])
 
 
-def read_file(path: Path, table: str) -> pa.Table:
+def read_file(path: Path, table: str, *, row_groups: list[int] | None = None,
+              footer: pq.FileMetaData | None = None) -> pa.Table:
     """Read one chunk, check its schema version, columns and values (``fsdptrace.validate``).
 
     The footer is checked before any data is read, and only the declared columns are read,
     text dictionary-encoded, so a file's claims cannot make the reader allocate beyond it.
+    ``row_groups``: read only these (the file's footer is checked whole all the same);
+    ``footer``: the file's footer, when the caller has parsed it already.
     """
     expected = schema.TABLES[table]
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = _open(path, expected, footer)
         validate.check_footer(path, parquet.metadata)
         present = set(parquet.schema_arrow.names)
-        text = [f.name for f in expected if f.name in present and _is_text(f.type)]
-        data = pq.read_table(path, columns=[n for n in expected.names if n in present],
-                             read_dictionary=text)
+        columns = [n for n in expected.names if n in present]
+        # Threads pay off on big chunks only: the map step fans out over processes.
+        threads = parquet.metadata.num_rows >= _THREADED_ROWS
+        if row_groups is None:
+            data = parquet.read(columns=columns, use_threads=threads)
+        else:
+            data = parquet.read_row_groups(row_groups, columns=columns, use_threads=threads)
     except pa.ArrowMemoryError:
         raise  # not the file's fault: never call it corrupt
     except (pa.ArrowException, OSError) as error:
@@ -158,7 +167,22 @@ def read_file(path: Path, table: str) -> pa.Table:
     validate.check_strings(data, path=path)
     conformed = _conform(data.select(expected.names), expected, path=path, table=table)
     validate.check_values(conformed, table=table, path=path)
+    if row_groups is None:
+        chunk_gaps.read_whole(path)
     return conformed
+
+
+def _open(path: Path, expected: pa.Schema, footer: pq.FileMetaData | None
+          ) -> pq.ParquetFile:
+    """The file, its text columns to be read dictionary-encoded (one open, one footer parse
+    when every declared column is there, as the recorder writes them)."""
+    text = [f.name for f in expected if _is_text(f.type)]
+    try:
+        return pq.ParquetFile(path, metadata=footer, read_dictionary=text)
+    except KeyError:  # a declared text column is missing: name only those present
+        present = set(pq.ParquetFile(path, metadata=footer).schema_arrow.names)
+        return pq.ParquetFile(path, metadata=footer,
+                              read_dictionary=[n for n in text if n in present])
 
 
 def _is_text(kind: pa.DataType) -> bool:
@@ -180,8 +204,14 @@ def _conform(data: pa.Table, expected: pa.Schema, *, path: Path, table: str) -> 
 _RELIST_ATTEMPTS = 5
 
 
-def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
+def read_rank(run_dir: Path, table: str, rank: int, *, highest_rank: int | None = None,
+              gaps: bool = True) -> pa.Table:
     """All chunks of one table for one rank, as one table with a ``rank`` column.
+
+    ``highest_rank``: the highest rank with a meta partition (``highest_meta_rank``), which
+    the meta table's world size is checked against; a caller reading many ranks lists it
+    once, not once per rank. ``gaps=False``: markers without the ``dropped_rows`` rows of
+    other tables' unreadable chunks (no footer of theirs is opened), for a reader of endings.
 
     A writer process may be converting or compacting while we read (a rank still running,
     or one that just died). Segments are listed before parts, so a segment converted in
@@ -190,7 +220,7 @@ def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
     """
     partition = run_dir / table / schema.RANK_DIR.format(rank=rank)
     for attempt in range(_RELIST_ATTEMPTS):
-        segments = _journal_segments(run_dir, table, rank)
+        segments = journal_segments(run_dir, table, rank)
         files = part_files(partition) if partition.is_dir() else []
         try:
             parts = _read_readable(files, table, rank)
@@ -202,19 +232,25 @@ def read_rank(run_dir: Path, table: str, rank: int) -> pa.Table:
                 raise
     data = _concat(parts, schema.TABLES[table])
     if table == "meta":
-        highest = max(rank_dirs(run_dir, "meta"), default=rank)
+        highest = highest_meta_rank(run_dir) if highest_rank is None else highest_rank
         validate.check_world_size(data, highest_rank=max(highest, rank), partition=partition)
     elif table == "markers":
         validate.check_drop_details(data, partition=partition)
+    if table == "markers" and gaps:
         # After the check: a gap's range is not one the rank's own markers vouch for.
         last_step = int(pc.max(data.column("step")).as_py() or 0) if data.num_rows else 0
         first_t_ns = int(pc.min(data.column("t_ns")).as_py() or 0) if data.num_rows else 0
-        gaps = chunk_gaps.gap_markers(_rank_parts(run_dir, rank), rank,
-                                      last_step=last_step + validate.STEP_RANGE_MARGIN,
-                                      t_ns=first_t_ns)
-        if gaps is not None:
-            data = pa.concat_tables([data, gaps.cast(data.schema)]).unify_dictionaries()
-    return _with_rank(data, rank)
+        gap_rows = chunk_gaps.gap_markers(_rank_parts(run_dir, rank), rank,
+                                          last_step=last_step + validate.STEP_RANGE_MARGIN,
+                                          t_ns=first_t_ns)
+        if gap_rows is not None:
+            data = pa.concat_tables([data, gap_rows.cast(data.schema)]).unify_dictionaries()
+    return with_rank(data, rank)
+
+
+def highest_meta_rank(run_dir: Path) -> int:
+    """The highest rank with a meta partition (0 when none)."""
+    return max(rank_dirs(run_dir, "meta"), default=0)
 
 
 def _read_readable(files: list[Path], table: str, rank: int) -> list[pa.Table]:
@@ -236,13 +272,16 @@ def _rank_parts(run_dir: Path, rank: int) -> dict[str, list[Path]]:
     return {t: part_files(p) for t, p in partitions.items() if p.is_dir()}
 
 
-def _journal_segments(run_dir: Path, table: str, rank: int) -> dict[tuple[str, int], Path]:
+def journal_segments(run_dir: Path, table: str, rank: int
+                     ) -> dict[tuple[str, int], Path]:
     """A rank's journal segments of ``table`` by (writer, index).
 
     A rank on this host that is still writing (or just died, its writer process not done)
     has its newest bytes in its private hot folder: those copies win over the run dir's.
     """
     journal = run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)
+    if not journal.is_dir():
+        return {}  # a writer makes its hot folder only once the journal folder exists
     found = {(w, i): p for w, i, p in journal_read.segments(journal, table)}
     hot = journal_hot.hot_dir(journal, create=False)
     if hot is not None:
@@ -264,8 +303,12 @@ def _journal_tail(segments: dict[tuple[str, int], Path], table: str,
 
 
 def read_ranks(run_dir: Path, table: str, ranks: Iterable[int]) -> pa.Table:
-    return _concat([read_rank(run_dir, table, rank) for rank in ranks],
-                   _with_rank(schema.TABLES[table].empty_table(), 0).schema)
+    return concat_ranks([read_rank(run_dir, table, rank) for rank in ranks], table)
+
+
+def concat_ranks(tables: list[pa.Table], table: str) -> pa.Table:
+    """``read_rank`` results of several ranks as one table (a batch of the map step)."""
+    return _concat(tables, with_rank(schema.TABLES[table].empty_table(), 0).schema)
 
 
 def _concat(tables: list[pa.Table], empty_schema: pa.Schema) -> pa.Table:
@@ -277,7 +320,7 @@ def _concat(tables: list[pa.Table], empty_schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(tables).unify_dictionaries()
 
 
-def _with_rank(data: pa.Table, rank: int) -> pa.Table:
+def with_rank(data: pa.Table, rank: int) -> pa.Table:
     if "rank" in data.column_names:
         return data
     return data.add_column(0, "rank", pa.array(np.full(data.num_rows, rank, dtype=np.int32)))

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import fsdptrace
-from fsdptrace import schema
+from fsdptrace import analysis, last_step, reader, schema
 from fsdptrace.checks import CHECKS
 from fsdptrace.journal_format import FIXED_TABLES, JOURNAL_DIR, RANGE_PART_NAME
 from fsdptrace.reader import read_rank
@@ -219,3 +219,39 @@ def test_dask_benchmark_runs(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "| dask-2 |" in result.stdout
+
+
+def test_batches_of_any_size_give_the_same_findings(tiny: tuple[Path, set[tuple]],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The map step batches ranks; one rank per batch, a row limit that splits the run, one
+    batch for all and two processes must all give the same table."""
+    run_dir, _ = tiny
+    whole = fsdptrace.analyze(run_dir).findings
+    monkeypatch.setattr(analysis, "BATCH_RANKS", 1)
+    pd.testing.assert_frame_equal(whole, fsdptrace.analyze(run_dir).findings)
+    done: list[int] = []
+    pd.testing.assert_frame_equal(whole, fsdptrace.analyze(
+        run_dir, jobs=2, progress=lambda n, total: done.append(n)).findings)
+    assert done == sorted(set(done)) and done[-1] == TINY.ranks - 1  # one missing on disk
+    monkeypatch.setattr(analysis, "BATCH_RANKS", 256)
+    monkeypatch.setattr(analysis, "BATCH_ROWS", TINY.num_events // TINY.ranks * 2)
+    pd.testing.assert_frame_equal(whole, fsdptrace.analyze(run_dir).findings)
+
+
+def test_triage_reads_endings_and_agrees(tmp_path: Path) -> None:
+    """``--check stalled-rank`` reads each rank's ending and last step only (row-group
+    statistics), and says exactly what the full analysis says of the stalls."""
+    run_dir = tmp_path / "run"
+    generate_tiny(run_dir)
+    # Small row groups: the stalled rank's last step spans several, its history many more.
+    for path in sorted((run_dir / "events").glob("rank=*/part-*.parquet")):
+        data = pq.read_table(path)
+        pq.write_table(data, path, row_group_size=7)
+    full = fsdptrace.analyze(run_dir).findings
+    stalled = full[full["check"] == "stalled-rank"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(
+        stalled, fsdptrace.analyze(run_dir, checks=["stalled-rank"]).findings)
+    rank = generate_run.Plan().stalled
+    last = last_step.read_last_step(run_dir, rank)
+    assert TINY.steps - 1 in set(last.column("step").to_pylist())
+    assert last.num_rows < reader.read_rank(run_dir, "events", rank).num_rows // 2

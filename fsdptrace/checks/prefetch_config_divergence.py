@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -120,13 +121,16 @@ def check(merged: Merged) -> pd.DataFrame:
     config = merged.config_signatures
     if len(set(config.get("signature", []))) <= 1:
         return findings.empty()
-    ranks = sorted(int(r) for r in config["rank"].unique())
-    return compare(config, merged.unit_sets, merged.fetch_prefetch(ranks))
+    return compare(config, merged.unit_sets, merged.fetch_prefetch)
 
 
-def compare(signatures: pd.DataFrame, unit_sets: pd.DataFrame, prefetch: pd.DataFrame
-            ) -> pd.DataFrame:
-    """Compare the snapshots ranks recorded at the same (step, micro_step)."""
+def compare(signatures: pd.DataFrame, unit_sets: pd.DataFrame,
+            fetch_prefetch: Callable[[list[int]], pd.DataFrame]) -> pd.DataFrame:
+    """Compare the snapshots ranks recorded at the same (step, micro_step).
+
+    ``fetch_prefetch(ranks)``: the edges of those ranks, asked only for the odd ranks and
+    their references (re-reading every rank's edges would cost a whole run's worth of reads).
+    """
     if not len(signatures):
         return findings.empty()
     sigs = effective(signatures).merge(
@@ -141,13 +145,15 @@ def compare(signatures: pd.DataFrame, unit_sets: pd.DataFrame, prefetch: pd.Data
     odd = odd.sort_values(["rank", "step", "micro_step"]).drop_duplicates(["rank", "signature"])
     if not len(odd):
         return findings.empty()
-    plain = prefetch.dropna(subset=["target"]).assign(
-        rank=lambda f: f["rank"].astype("int64"), unit=lambda f: f["unit"].astype(str),
-        phase=lambda f: f["phase"].astype(str), target=lambda f: f["target"].astype(str))
     reference = effective(signatures)[["rank", "step", "micro_step", "snap_step", "snap_micro"]]
     reference = reference.rename(columns={"rank": "reference_rank", "snap_step": "ref_snap_step",
                                           "snap_micro": "ref_snap_micro"})
     odd = odd.merge(reference, on=["reference_rank", "step", "micro_step"], how="left")
+    needed = pd.concat([odd["rank"], odd["reference_rank"]]).dropna()
+    prefetch = fetch_prefetch(sorted({int(r) for r in needed}))
+    plain = prefetch.dropna(subset=["target"]).assign(
+        rank=lambda f: f["rank"].astype("int64"), unit=lambda f: f["unit"].astype(str),
+        phase=lambda f: f["phase"].astype(str), target=lambda f: f["target"].astype(str))
     odd["diff"] = _differences(odd, _target_lists(_compared(plain, odd))).to_numpy()
     message = ("rank " + odd["rank"].astype(str) + " prefetch edges (from step "
                + odd["step"].astype(str) + ") differ from " + odd["num_agree"].astype(str)
