@@ -66,6 +66,7 @@ def peaks(allgathers: pd.DataFrame, *, by_design: frozenset[str] = frozenset()
     """
     rows = _lifecycle(allgathers)
     out = []
+    all_floors = _floors(allgathers) if len(rows) else {}
     for rank, frame in rows.groupby("rank", sort=True):
         state: dict[tuple, _Holding] = {}
         best: dict[tuple, tuple[int, list[_Holding]]] = {}
@@ -81,10 +82,9 @@ def peaks(allgathers: pd.DataFrame, *, by_design: frozenset[str] = frozenset()
             total = sum(h.num_bytes for h in state.values())
             if total > best[where][0]:
                 best[where] = (total, list(state.values()))
-        floors = _floors(allgathers[allgathers["rank"] == rank])
         for where, (peak, holding) in best.items():
             earlier = [h for h in holding if h.since != where]
-            floor = floors.get(where, 0) + sum(h.num_bytes for h in earlier
+            floor = all_floors.get((int(rank), *where), 0) + sum(h.num_bytes for h in earlier
                                                if h.unit in by_design)
             causes = sorted((h for h in earlier if h.unit not in by_design),
                             key=lambda h: -h.num_bytes)
@@ -106,21 +106,28 @@ def peaks(allgathers: pd.DataFrame, *, by_design: frozenset[str] = frozenset()
 
 
 def _floors(allgathers: pd.DataFrame) -> dict[tuple, int]:
-    """Per pass, the most one unit needs: its own parameters plus what it prefetched there.
+    """Per (rank, step, micro-step, phase), the most one unit needs: its own parameters plus
+    what it prefetched there.
 
     Every unit with a row in the pass ran there (its gather, wait, reshard or a no-op unshard).
+    One grouping over all passes: a pass is a few rows, and a group-by per pass cost 0.5 s
+    per rank of a real run.
     """
-    floors: dict[tuple, int] = {}
-    for where, frame in allgathers.groupby(["step", "micro_step", "phase"], observed=True,
-                                           sort=False):
-        own = frame.groupby("unit", observed=True)["num_bytes"].max()
-        prefetched = frame[(frame["event"] == _HOLD)
-                           & frame["issuer_kind"].isin(["prefetch", "implicit"])]
-        extra = prefetched.groupby("issuer_unit", observed=True)["num_bytes"].sum()
-        need = own.add(extra.reindex(own.index).fillna(0), fill_value=0)
-        key = (int(where[0]), int(where[1]), str(where[2]))
-        floors[key] = int(need.max()) if len(need) else 0
-    return floors
+    if not len(allgathers):
+        return {}
+    keys = {"rank": allgathers["rank"].astype("int64"), "step": allgathers["step"].astype("int64"),
+            "micro_step": allgathers["micro_step"].astype("int64"),
+            "phase": allgathers["phase"].astype(str)}
+    frame = pd.DataFrame({**keys, "unit": allgathers["unit"].astype(str),
+                          "num_bytes": allgathers["num_bytes"].astype("int64")})
+    own = frame.groupby([*_PASS, "unit"], sort=False)["num_bytes"].max()
+    prefetched = ((allgathers["event"].astype(str) == _HOLD)
+                  & allgathers["issuer_kind"].astype(str).isin(["prefetch", "implicit"])).to_numpy()
+    by_issuer = frame[prefetched].assign(unit=allgathers["issuer_unit"].astype(str)[prefetched])
+    extra = by_issuer.groupby([*_PASS, "unit"], sort=False)["num_bytes"].sum()
+    need = own.add(extra.reindex(own.index).fillna(0), fill_value=0)
+    return {(int(r), int(s), int(m), str(p)): int(v)
+            for (r, s, m, p), v in need.groupby(level=_PASS, sort=False).max().items()}
 
 
 def _lifecycle(allgathers: pd.DataFrame) -> pd.DataFrame:

@@ -114,7 +114,7 @@ def _issued_by(rows: pd.DataFrame, allgathers: pd.DataFrame | None) -> pd.DataFr
     left = rows.assign(
         _row=range(len(rows)), rank=rows["rank"].astype("int64"),
         step=rows["step"].astype("int64"),
-        group=rows["bucket"].astype(str).str.extract(r"group\[(\d+)\]")[0].fillna(-1)
+        group=rows["bucket"].astype(str).str.extract(r"group\[(\d+)\]")[0].fillna("-1")
         .astype("int64"),
     ).sort_values("step")
     joined = pd.merge_asof(left, issues[["rank", "unit", "group", "step", *columns]],

@@ -32,17 +32,13 @@ def check(tables: RankTables) -> pd.DataFrame:
     units = tables.frame("units")
     roots = frozenset(units.loc[units["is_root"].astype(bool), "unit"].astype(str))
     allgathers = tables.frame("allgathers")
-    rows = []
-    for _, mine in allgathers.groupby("rank", observed=True):
-        peaks = unsharded.peaks(mine, by_design=roots)
-        big = peaks[(peaks["excess_bytes"] >= MIN_EXCESS_BYTES)
-                    & (peaks["excess_bytes"] >= MIN_EXCESS_SHARE * peaks["floor_bytes"])]
-        if len(big):
-            worst = big.sort_values("excess_bytes", kind="stable").groupby("step").tail(1)
-            rows.append(worst)
-    if not rows:
+    peaks = unsharded.peaks(allgathers, by_design=roots)  # per rank, all ranks at once
+    big = peaks[(peaks["excess_bytes"] >= MIN_EXCESS_BYTES)
+                & (peaks["excess_bytes"] >= MIN_EXCESS_SHARE * peaks["floor_bytes"])]
+    if not len(big):
         return findings.empty()
-    found = pd.concat(rows).sort_values(["rank", "step"], kind="stable")
+    worst = big.sort_values("excess_bytes", kind="stable").groupby(["rank", "step"]).tail(1)
+    found = worst.sort_values(["rank", "step"], kind="stable")
     found = found.assign(unit=found["largest_earlier_unit"], bytes=found["excess_bytes"])
     return tables.drop_lost(findings.make(NAME, SEVERITY, found,
                                           _messages(found, _kept_unsharded(tables))),
