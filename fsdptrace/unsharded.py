@@ -70,16 +70,22 @@ def peaks(allgathers: pd.DataFrame, *, by_design: frozenset[str] = frozenset()
     for rank, frame in rows.groupby("rank", sort=True):
         state: dict[tuple, _Holding] = {}
         best: dict[tuple, tuple[int, list[_Holding]]] = {}
-        for row in frame.itertuples(index=False):
-            where = (int(row.step), int(row.micro_step), str(row.phase))
+        total = 0  # bytes held in ``state``, kept as it changes
+        # Plain lists: iterating Arrow-backed columns row by row costs more than the replay.
+        columns = [frame[c].tolist() for c in ("step", "micro_step", "phase", "unit", "group",
+                                                 "event", "num_bytes")]
+        for step, micro_step, phase, unit, group, event, num_bytes in zip(*columns,
+                                                                          strict=True):
+            where = (int(step), int(micro_step), str(phase))
             if where not in best:  # what the pass inherits counts from its start
-                best[where] = (sum(h.num_bytes for h in state.values()), list(state.values()))
-            key = (str(row.unit), int(row.group))
-            if row.event == _HOLD:
-                state[key] = _Holding(str(row.unit), int(row.num_bytes), where)
-            else:
-                state.pop(key, None)
-            total = sum(h.num_bytes for h in state.values())
+                best[where] = (total, list(state.values()))
+            key = (str(unit), int(group))
+            dropped = state.pop(key, None)
+            if dropped is not None:
+                total -= dropped.num_bytes
+            if event == _HOLD:
+                state[key] = _Holding(str(unit), int(num_bytes), where)
+                total += int(num_bytes)
             if total > best[where][0]:
                 best[where] = (total, list(state.values()))
         for where, (peak, holding) in best.items():
