@@ -32,14 +32,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import generate_run  # noqa: E402
 
-TABLES = ("events", "markers", "prefetch", "gradients", "pending", "units", "meta")
+# Every table the analyzer reads (``fsdptrace.trace.TABLE_NAMES``): the floor reads them all.
+TABLES = ("meta", "units", "events", "markers", "prefetch", "gradients", "pending",
+          "allgathers", "findings", "backward_grads", "grads_written", "eval_forwards",
+          "settings")
 VARIANTS = ("read", "analyze-j1", "analyze-j2", "triage")
 TRIAGE = "stalled-rank"
 WHERE = ["check", "rank", "step", "micro_step", "phase", "unit", "target"]
 
 
 def read_floor(run_dir: Path) -> int:
-    """Read every column the analyzer reads, with pyarrow only; returns the number of events."""
+    """Read every Parquet file the analyzer reads, with pyarrow only (dead ranks' journal
+    tails are not Parquet: the analyzer reads them on top); returns the number of events."""
     import pyarrow.parquet as pq
 
     num_events = 0

@@ -255,3 +255,16 @@ def test_triage_reads_endings_and_agrees(tmp_path: Path) -> None:
     last = last_step.read_last_step(run_dir, rank)
     assert TINY.steps - 1 in set(last.column("step").to_pylist())
     assert last.num_rows < reader.read_rank(run_dir, "events", rank).num_rows // 2
+
+
+def test_the_read_floor_reads_every_table_the_analyzer_reads() -> None:
+    import importlib.util
+
+    from fsdptrace.trace import TABLE_NAMES
+
+    spec = importlib.util.spec_from_file_location(
+        "analyzer_throughput", ROOT / "benchmarks" / "analyzer_throughput.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.TABLES == TABLE_NAMES
