@@ -199,7 +199,7 @@ def _map_endings(tables: RankTables, *, ranks: list[int]) -> RankSummary:
     return RankSummary(findings=findings.empty(), signatures=empty, config_signatures=empty,
                        unit_sets=empty, last=positions.last_positions(tables.events),
                        ends=endings.ending_markers(tables.frame("markers")),
-                       meta=tables.frame("meta"), ranks=ranks)
+                       meta=tables.frame("meta"), ranks=ranks, incomplete=tables.incomplete)
 
 
 def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None = None, *,
