@@ -37,17 +37,32 @@ class SkippedChunk(NamedTuple):
 
 _skipped: dict[Path, SkippedChunk] = {}
 _announce = True
-# Chunks this process read whole without error: the gap probe opens no footer of theirs
-# unless a neighbour is damaged (bounded: a long-lived process reads many run dirs).
-_read_whole: set[Path] = set()
+# Chunks this process read whole without error, with their size and mtime then: the gap
+# probe opens no footer of theirs unless a neighbour is damaged or the file changed since
+# (a notebook re-reads a run dir whose file was rewritten in place). Bounded: a long-lived
+# process reads many run dirs.
+_read_whole: dict[Path, tuple[int, int] | None] = {}
 _MAX_READ_WHOLE = 1 << 18
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return (status.st_size, status.st_mtime_ns)
 
 
 def read_whole(path: Path) -> None:
     """Remember that ``path`` was read without error (``reader.read_file``)."""
     if len(_read_whole) >= _MAX_READ_WHOLE:
         _read_whole.clear()
-    _read_whole.add(path)
+    _read_whole[path] = _identity(path)
+
+
+def _unchanged_since_read(path: Path) -> bool:
+    known = _read_whole.get(path)
+    return known is not None and known == _identity(path)
 
 
 def note(chunk: SkippedChunk) -> None:
@@ -98,7 +113,7 @@ def gap_markers(parts: dict[str, list[Path]], rank: int, *, last_step: int, t_ns
             if known is not None:
                 bad[path] = table
                 continue
-            if path in _read_whole:
+            if _unchanged_since_read(path):
                 unprobed.append(path)
                 continue
             try:
