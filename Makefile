@@ -47,7 +47,7 @@ demo: setup
 		$(BIN)/torchrun --nproc-per-node 2 examples/train_tiny.py
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 lint: setup
 	$(BIN)/ruff check fsdptrace cli tests benchmarks examples
