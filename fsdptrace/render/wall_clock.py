@@ -17,12 +17,8 @@ _ANCHOR_COLUMNS = {"rank", "wall_anchor_ns", "mono_anchor_ns"}
 
 def shifts(meta: pd.DataFrame) -> dict[int, int]:
     """Per rank with meta, what to add to ``t_ns`` for nanoseconds since the epoch."""
-    if not len(meta) or not _ANCHOR_COLUMNS <= set(meta.columns):
-        return {}
-    anchors = meta.drop_duplicates("rank")
-    return {int(r): int(w) - int(m) for r, w, m in zip(
-        anchors["rank"], anchors["wall_anchor_ns"], anchors["mono_anchor_ns"], strict=True)
-        if pd.notna(w) and pd.notna(m)}
+    return {int(rank): pair["wall_anchor_ns"] - pair["mono_anchor_ns"]
+            for rank, pair in anchors(meta).items()}
 
 
 def anchors(meta: pd.DataFrame) -> dict[str, dict[str, int]]:
