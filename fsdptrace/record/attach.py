@@ -11,14 +11,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from fsdptrace.env import DEFAULT_RUNS_ROOT, OVERRIDES_ENV, RAISE_ENV, RUN_DIR_ENV, STEPS_ENV
 from fsdptrace.errors import FsdptraceError
 from fsdptrace.record.backends.base import Backend
-from fsdptrace.record.recorder import DEFAULT_RUNS_ROOT, RUN_DIR_ENV, Recorder
+from fsdptrace.record.recorder import Recorder
 from fsdptrace.record.writer import DEFAULT_CLOSE_TIMEOUT_S, DEFAULT_FLUSH_INTERVAL_S
 
-STEPS_ENV = "FSDPTRACE_STEPS"
-RAISE_ENV = "FSDPTRACE_RAISE"
-OVERRIDES_ENV = "FSDPTRACE_OVERRIDES"  # launch.OVERRIDES_ENV
 # The `fsdptrace record` option that settles each attach() argument named in OVERRIDES_ENV.
 _OPTION_OF = {"run_dir": "--run-dir", "steps": "--steps", "raise_on_violation": "--raise"}
 
@@ -98,7 +96,7 @@ def attach(
     model_parts: nn.Module | Sequence[nn.Module],
     *,
     run_dir: str | os.PathLike[str] | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: object | None = None,
     raise_on_violation: bool | None = None,
     rank: int | None = None,
     world_size: int | None = None,
@@ -110,7 +108,9 @@ def attach(
 
     ``model_parts`` is the root module, or a list of them (pipeline stages on one rank).
     Given ``optimizer``, boundaries are found automatically (a micro-step begins at each root
-    forward; the step ends in the optimizer's step pre-hook). Otherwise call
+    forward; the step ends in the optimizer's step pre-hook, or when the closure of
+    ``step(closure)`` returns). A trainer's wrapper (accelerate's ``AcceleratedOptimizer``,
+    Lightning's ``LightningOptimizer``) is unwrapped to the torch optimizer inside. Otherwise call
     ``begin_micro_step`` / ``before_optimizer_step`` yourself. ``steps`` limits recording to
     chosen optimizer steps (``"10:20"``, ``"::5"``). With ``raise_on_violation``, checks 1-3
     run before each optimizer step and raise ``fsdptrace.LifecycleError`` on an error.

@@ -8,7 +8,8 @@ Two process-wide hooks then do what the one explicit line would:
   forward of an FSDP root that nothing records yet, then removes itself. One root per
   process: a second root (a teacher model, a second pipeline stage) is not recorded; list
   them all in an explicit ``fsdptrace.attach([...])`` for that;
-- a global optimizer step pre-hook closes the step of every live recorder that has no
+- a global optimizer step pre-hook closes the step (at the optimizer boundary: the pre-hook,
+  or when a step's closure returns) of every live recorder that has no
   optimizer of its own and whose script does not number steps itself, so an explicit
   ``attach(model)`` without ``optimizer=`` still gets boundaries, and no recorder is closed
   twice per step.
@@ -27,6 +28,7 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from fsdptrace.env import RUN_DIR_ENV
 from fsdptrace.errors import LifecycleError
 from fsdptrace.record.backends.fsdp2 import roots
 
@@ -34,8 +36,6 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
     from fsdptrace.record.recorder import Recorder
-
-RUN_DIR_ENV = "FSDPTRACE_RUN_DIR"  # same name as recorder.RUN_DIR_ENV, without importing torch
 
 # torch.utils.hooks.RemovableHandle for each installed global hook; empty when not installed.
 _handles: dict[str, Any] = {}
@@ -198,7 +198,20 @@ def _attach_root(module: nn.Module) -> None:
 
 
 # --------------------------------------------------------------------- optimizer: boundaries
-def _optimizer_step_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+def _optimizer_step_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> Any:
+    try:
+        from fsdptrace.record.optimizer_boundary import closure_step_args
+
+        # A closure step's boundary is when its closure returns (its forward runs inside).
+        return closure_step_args(args, kwargs, _close_live_steps)
+    except LifecycleError:
+        raise  # live checks stop the step on purpose
+    except Exception as error:
+        _disable(f"optimizer step pre-hook failed: {type(error).__name__}: {error}")
+        return None
+
+
+def _close_live_steps() -> None:
     try:
         from fsdptrace.record import registry
 
@@ -206,9 +219,9 @@ def _optimizer_step_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             if _step_ends_here(recorder):
                 recorder.before_optimizer_step()
     except LifecycleError:
-        raise  # live checks stop the step on purpose
+        raise
     except Exception as error:
-        _disable(f"optimizer step pre-hook failed: {type(error).__name__}: {error}")
+        _disable(f"optimizer boundary failed: {type(error).__name__}: {error}")
 
 
 def _step_ends_here(recorder: Recorder) -> bool:

@@ -10,6 +10,8 @@ A job must live and die as it would without fsdptrace:
 - an exception leaving the training code records *crashed* (``sys.excepthook``; under
   ``mp.spawn``, which catches it and calls ``sys.exit(1)``, the part roots' ``always_call``
   forward hook stashes it for the exit handler's close);
+- a fatal signal (SIGABRT, SIGSEGV...) is left to ``faulthandler`` (``fatal``), which writes
+  every thread's stack to the run dir and lets the signal kill the process as before;
 - a forked child records nothing and never writes to its parent's files.
 The first ending recorded wins.
 """
@@ -27,8 +29,10 @@ import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from fsdptrace.record import fatal, stack_dump
+
 if TYPE_CHECKING:
-    from fsdptrace.record.recorder import Recorder
+    from fsdptrace.record.backends.base import RecorderView as Recorder  # recorder.py imports us
 
 # How long the watcher waits for the terminated marker to reach the disk before letting the
 # signal act: the scheduler's grace period is the job's, not ours.
@@ -47,6 +51,8 @@ _lock = threading.Lock()
 def install(rec: Recorder) -> None:
     """Guard ``rec``'s ending; the process-wide hooks are installed once, from the main thread."""
     _live.add(rec)
+    fatal.install(rec)
+    stack_dump.install(rec)
     global _installed
     if _installed or threading.current_thread() is not threading.main_thread():
         return
@@ -58,6 +64,8 @@ def install(rec: Recorder) -> None:
 
 def remove(rec: Recorder) -> None:
     _live.discard(rec)
+    fatal.remove(rec)
+    stack_dump.remove(rec)
 
 
 def live() -> list[Recorder]:
@@ -156,6 +164,9 @@ def _watch(read_fd: int) -> None:
                     record_terminated(signum)
                 if _previous.get(signum, None) is signal.SIG_DFL:
                     _die_by(signum)
+            else:
+                with contextlib.suppress(Exception):
+                    stack_dump.on_signal(signum)
 
 
 # --------------------------------------------------------------------- exit and fork
@@ -168,6 +179,8 @@ def _close_all() -> None:
 def _after_fork_in_child() -> None:
     """A forked child inherits recorders and their buffers: it must record and write nothing."""
     global _pipe
+    fatal.forked_off()
+    stack_dump.forked_off()
     for rec in list(_live):
         with contextlib.suppress(Exception):
             rec.forked_off()

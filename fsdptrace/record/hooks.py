@@ -9,6 +9,8 @@ Our forward hook is prepended too, so the output gradient hook it adds fires bef
 
 from __future__ import annotations
 
+import itertools
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 from fsdptrace.record import guards
 
 if TYPE_CHECKING:
-    from fsdptrace.record.recorder import Recorder
+    from fsdptrace.record.backends.base import RecorderView as Recorder  # recorder.py imports us
 
 
 def _grad_tensors(output: Any) -> list[torch.Tensor]:
@@ -86,7 +88,34 @@ def _watch_backward_begin(rec: Recorder, index: int, tensors: list[torch.Tensor]
             rec.disable(f"backward hook failed: {type(error).__name__}: {error}")
 
     for tensor in tensors:
-        tensor.register_hook(on_first_grad)
+        _add_grad_hook(tensor, on_first_grad)
+
+
+# Our keys in a tensor's hook dict: negative, so never one of RemovableHandle's ids.
+_hook_keys = itertools.count(-1, -1)
+
+
+def _add_grad_hook(tensor: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> None:
+    """``tensor.register_hook(hook)`` without building the ``RemovableHandle`` we never use.
+
+    This runs for every unit output every micro-step, and the handle (a weakref, a class-wide
+    id) is most of ``register_hook``'s cost: measured 2-4 µs of the ~5 µs. The hook goes into
+    the same dict at the same place, so it fires exactly where ``register_hook``'s would
+    (before FSDP's ``_pre_backward``, see above). A subclass (which may route
+    ``register_hook`` through ``__torch_function__``) or a leaf takes the public call.
+    """
+    hooks = tensor._backward_hooks
+    if hooks is None:
+        grad_fn = tensor.grad_fn
+        if type(tensor) is not torch.Tensor or grad_fn is None:
+            tensor.register_hook(hook)
+            return
+        tensor._backward_hooks = hooks = OrderedDict()
+        grad_fn._register_hook_dict(tensor)
+    elif type(tensor) is not torch.Tensor:
+        tensor.register_hook(hook)
+        return
+    hooks[next(_hook_keys)] = hook
 
 
 def _make_part_pre(rec: Recorder, part: int) -> Callable[..., None]:
@@ -117,6 +146,7 @@ def install(rec: Recorder) -> list[Any]:
                                                       prepend=True))
     handles.extend(_install_provenance(rec))
     handles.extend(_install_backward_grads(rec))
+    handles.extend(_install_collectives(rec))
     handles.extend(_install_endings(rec))
     return [h for h in handles if h is not None]
 
@@ -126,6 +156,14 @@ def _install_provenance(rec: Recorder) -> list[Any]:
         return rec.backend.install_provenance(rec)
     except Exception as error:
         rec.disable(f"cannot record all-gather provenance: {error}")
+        return []
+
+
+def _install_collectives(rec: Recorder) -> list[Any]:
+    try:
+        return list(rec.backend.install_collectives(rec))
+    except Exception as error:
+        rec.disable(f"cannot record collectives: {error}")
         return []
 
 

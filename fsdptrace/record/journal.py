@@ -6,8 +6,12 @@ run dir's journal when there is none. Storing into a mapping is a memory write, 
 syscall: SIGKILL, an abort or a segfault right after a hook loses nothing, because the pages
 belong to the file. A syscall happens only when a segment fills and the next one is created:
 they start at ``FIRST_SEGMENT_BYTES`` and double up to ``MAX_SEGMENT_BYTES``, and are
-``posix_fallocate``d, so a full disk fails there (recording stops with one warning) instead
-of a SIGBUS later.
+``posix_fallocate``d, so a full disk fails there instead of a SIGBUS later. A full hot folder
+is not the end: segments go on in the run dir's journal (``fallback``, the ``off`` mapping)
+and only a failure there stops recording (one warning).
+
+Every segment's vocabulary says which recording it belongs to (``RECORDING_KEY``: launch id,
+writer id, pid, start time), flat like the dictionaries so any reader of them reads it too.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from fsdptrace.journal_format import (
     fixed_format,
 )
 
+RECORDING_KEY = "_recording"
 FIRST_SEGMENT_BYTES = 64 * 1024
 MAX_SEGMENT_BYTES = 4 * 1024 * 1024
 _PAGE = mmap.PAGESIZE
@@ -40,11 +45,18 @@ class Segments:
 
     def __init__(self, directory: Path, table: str, writer: str, kind: int, record_size: int,
                  vocab: dict[str, Sequence[str]], on_failure: Callable[[BaseException], None],
-                 segment_bytes: tuple[int, int] = (FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
-                 ) -> None:
+                 segment_bytes: tuple[int, int] = (FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES),
+                 *, recording: Sequence[str] = (),
+                 fallback: Callable[[OSError], Path | None] | None = None) -> None:
         self.directory, self.table, self.writer = directory, table, writer
         self.kind, self.record_size = kind, record_size
-        self.vocab = json.dumps({k: list(v) for k, v in vocab.items()}).encode()
+        named = {k: list(v) for k, v in vocab.items()}
+        if recording:
+            named[RECORDING_KEY] = list(recording)
+        self.vocab = json.dumps(named).encode()
+        # Called when a segment cannot be created in ``directory``: the folder to go on in, or
+        # None (then recording stops).
+        self.fallback = fallback
         self.offset = -(-(HEADER.size + len(self.vocab)) // 8) * 8
         self.on_failure = on_failure
         self.next_bytes, self.max_bytes = segment_bytes
@@ -61,28 +73,40 @@ class Segments:
             return None
         size = max(self.next_bytes, -(-(self.offset + min_bytes) // _PAGE) * _PAGE)
         self.next_bytes = min(self.next_bytes * 2, self.max_bytes)
-        path = self.directory / SEGMENT_FILE.format(table=self.table, writer=self.writer,
-                                                    index=self.index + 1)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                os.posix_fallocate(fd, 0, size)
-                mapped = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
-        except OSError as error:
-            self.failed = True
-            try:
-                path.unlink()  # an empty segment would only say what the warning says
-            except OSError:
-                pass
-            self.on_failure(error)
+        mapped = self._create(size)
+        if mapped is None:
             return None
         HEADER.pack_into(mapped, 0, MAGIC, self.kind, self.record_size, self.offset,
                          len(self.vocab))
         mapped[HEADER.size:HEADER.size + len(self.vocab)] = self.vocab
         self.index += 1
         return mapped, size
+
+    def _create(self, size: int) -> mmap.mmap | None:
+        """Map a new zero-filled segment; in the fallback folder if ``directory`` is full."""
+        name = SEGMENT_FILE.format(table=self.table, writer=self.writer, index=self.index + 1)
+        while True:
+            tried = self.directory
+            path = tried / name
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                    return mmap.mmap(fd, size)
+                finally:
+                    os.close(fd)
+            except OSError as error:
+                try:
+                    path.unlink()  # an empty segment would only say what the warning says
+                except OSError:
+                    pass
+                elsewhere = self.fallback(error) if self.fallback is not None else None
+                if elsewhere is not None and elsewhere != tried:
+                    self.directory = elsewhere
+                    continue
+                self.failed = True
+                self.on_failure(error)
+                return None
 
 
 class FixedTable:
@@ -142,13 +166,21 @@ class FixedTable:
 
 
 class FramedTable:
-    """Rows of a table written a few times per step, as JSON records under a lock."""
+    """Rows of a table written a few times per step, as JSON records under a lock.
 
-    def __init__(self, segments: Segments) -> None:
+    ``reserve``: bytes at the end of every segment that ordinary rows leave free, so that one
+    last row always fits once no new segment can be made (a full disk: the marker saying
+    recording stopped); ``release_reserve`` hands them to the next rows.
+    """
+
+    def __init__(self, segments: Segments, *, reserve: int = 0) -> None:
         self.segments = segments
-        self._lock = threading.Lock()  # markers come from several threads
+        # Markers come from several threads, and re-entrantly: a segment that cannot be made
+        # stops recording, whose marker is a row of this table.
+        self._lock = threading.RLock()
         self._buf: mmap.mmap | bytearray = bytearray(0)
         self._pos = self._end = 0
+        self._reserve = reserve
 
     def append(self, row: tuple) -> None:
         self.extend((row,))
@@ -159,7 +191,7 @@ class FramedTable:
         payload = json.dumps(list(rows), separators=(",", ":")).encode()
         need = len(payload) + 2 * FRAME.size
         with self._lock:
-            if self._pos + need > self._end and not self._roll(need):
+            if self._pos + need > self._end - self._reserve and not self._roll(need):
                 return
             pos = self._pos
             self._buf[pos + FRAME.size:pos + FRAME.size + len(payload)] = payload
@@ -167,8 +199,14 @@ class FramedTable:
             FRAME.pack_into(self._buf, pos, len(payload))  # last: the record now counts
             self._pos = pos + need
 
+    def release_reserve(self) -> None:
+        """The reserved bytes are for the rows from now on (the last a recording writes).
+
+        No lock: the caller may be inside this table's own failed ``_roll``."""
+        self._reserve = 0
+
     def _roll(self, need: int) -> bool:
-        opened = self.segments.open_next(need)
+        opened = self.segments.open_next(need + self._reserve)
         if opened is None:
             self._buf, self._pos, self._end = bytearray(0), 0, 0
             return False
@@ -198,13 +236,18 @@ Table = FixedTable | FramedTable
 
 def open_table(directory: Path, table: str, writer: str, vocab: dict[str, Sequence[str]],
                on_failure: Callable[[BaseException], None],
-               segment_bytes: tuple[int, int] = (FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
-               ) -> Table:
+               segment_bytes: tuple[int, int] = (FIRST_SEGMENT_BYTES, MAX_SEGMENT_BYTES),
+               *, recording: Sequence[str] = (),
+               fallback: Callable[[OSError], Path | None] | None = None,
+               reserve: int = 0) -> Table:
+    """One table's journal; ``reserve``: bytes kept for a last row (``FramedTable``)."""
     from fsdptrace.journal_format import FIXED_TABLES
 
     if table in FIXED_TABLES:
         fmt = fixed_format(table)
         return FixedTable(Segments(directory, table, writer, KIND_FIXED, struct.calcsize(fmt),
-                                   vocab, on_failure, segment_bytes), fmt)
+                                   vocab, on_failure, segment_bytes, recording=recording,
+                                   fallback=fallback), fmt)
     return FramedTable(Segments(directory, table, writer, KIND_FRAMED, 0, {}, on_failure,
-                                segment_bytes))
+                                segment_bytes, recording=recording, fallback=fallback),
+                       reserve=reserve)

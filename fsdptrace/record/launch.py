@@ -15,16 +15,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fsdptrace.env import LAUNCH_ENV, OVERRIDES_ENV, RAISE_ENV, RUN_DIR_ENV, STEPS_ENV
 from fsdptrace.errors import FsdptraceError
 from fsdptrace.record.steps import parse_steps
+from fsdptrace.run_mark import new_launch_id
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
-RUN_DIR_ENV = "FSDPTRACE_RUN_DIR"
-STEPS_ENV = "FSDPTRACE_STEPS"
-RAISE_ENV = "FSDPTRACE_RAISE"
-# The attach() arguments the command line settles: a script's own value for them is
-# overridden (with one line saying so), so `record --raise` means what it says.
-OVERRIDES_ENV = "FSDPTRACE_OVERRIDES"
 
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -38,7 +34,8 @@ def record_env(
 ) -> dict[str, str]:
     """The environment (``base_env``, default ``os.environ``) a recorded command runs in.
 
-    Sets ``FSDPTRACE_RUN_DIR`` (absolute: ranks may change directory), ``FSDPTRACE_STEPS``
+    Sets ``FSDPTRACE_RUN_DIR`` (absolute: ranks may change directory), a new
+    ``FSDPTRACE_LAUNCH`` (every rank marks the run dir with it), ``FSDPTRACE_STEPS``
     and ``FSDPTRACE_RAISE`` exactly as asked (an inherited value is dropped, so the
     recording is what the arguments say), and puts the bootstrap ``sitecustomize`` first on
     ``PYTHONPATH``. A bad ``steps`` spec raises ``ValueError`` here, before anything runs.
@@ -50,6 +47,7 @@ def record_env(
     parse_steps(steps)
     env = dict(os.environ if base_env is None else base_env)
     env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
+    env[LAUNCH_ENV] = new_launch_id()
     env.pop(STEPS_ENV, None)
     env.pop(RAISE_ENV, None)
     overrides = ["run_dir"]

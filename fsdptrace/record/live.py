@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from fsdptrace.checks.tables import RankTables
-    from fsdptrace.record.recorder import Recorder
+    from fsdptrace.record.backends.base import RecorderView as Recorder  # recorder.py imports us
     from fsdptrace.trace import Trace
 
 _FIX = (
@@ -52,8 +52,7 @@ def raise_if_unsafe(rec: Recorder) -> None:
 
 def step_findings(rec: Recorder) -> pd.DataFrame:
     """Findings of the live checks on this rank's current optimizer step."""
-    from fsdptrace.analysis import per_rank_findings
-    from fsdptrace.checks import LIVE_CHECKS
+    from fsdptrace.checks import LIVE_CHECKS, per_rank_findings
 
     return per_rank_findings(step_tables(rec), LIVE_CHECKS)
 
@@ -186,7 +185,7 @@ def _append_findings(rec: Recorder, found: pd.DataFrame) -> None:
 
 
 def format_findings(found: pd.DataFrame, *, rank: int, step: int, run_dir: str) -> str:
-    """Every finding, grouped by check in CHECKS.md order, then the fix."""
+    """Every finding, grouped by check in docs/checks.md order, then the fix."""
     from fsdptrace.checks import CHECKS
 
     lines = [f"fsdptrace: unsafe FSDP lifecycle on rank {rank} before optimizer step {step}; "

@@ -4,7 +4,7 @@ A write to a frozen or stalled filesystem (``fsfreeze``, an NFS or Lustre server
 sleeps uninterruptibly in the kernel; a process with such a thread cannot finish exiting, so a
 writer *thread* would hold the training process past its end. The recording process therefore
 only stores rows into memory-mapped journal segments (in a private tmpfs folder,
-``journal_hot``) and this process, one per recorder, started with ``python -m``, does the rest:
+``journal_hot``) and this process, one per recorder (``record.writer_process``), does the rest:
 
 - every flush interval (or when asked): turn full segments into Parquet parts named by the
   segment range they hold, then copy the open segment's new bytes into ``RUN_DIR/journal/``,
@@ -21,16 +21,20 @@ status reaches the recorder as lines on stdout: ``wrote BYTES``, ``error TYPE: M
 
 A part is written under a hidden temporary name, renamed, and only then are its segments
 deleted: the reader skips segments a part covers and parts inside another part's range, so a
-process killed between any two of these steps still reads whole.
+process killed between any two of these steps still reads whole. A writer started for the
+same writer id (the recorder restarts a dead one; a sweep settles a dead recording's folder)
+resumes from the parts already there: it never converts a segment twice.
+
+A full hot folder sends a recorder's later segments to the run dir's journal: segments are
+looked up in both places, the hot copy winning (the run dir may hold a mirror of it).
+On start, it settles hot folders left on this host by recordings whose processes are all gone
+(``record.hot_sweep``), after its own first parts are written.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import select
-import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +50,7 @@ from fsdptrace.journal_format import (
     SEGMENT_FILE,
     SEGMENT_NAME,
 )
+from fsdptrace.record import fatal, stack_dump
 
 _PAGE = 4096
 
@@ -58,19 +63,48 @@ class PartWriter:
         self.run_dir, self.rank, self.version, self.writer_id = run_dir, rank, version, writer_id
         self.journal_dir = run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)
         self.segment_dir = segment_dir or self.journal_dir
-        self.converted: dict[str, int] = {}  # table -> last segment index turned into Parquet
+        self._paths: dict[tuple[str, int], Path] = {}  # where segments() found each segment
+        # table -> last segment index turned into Parquet (by this writer id, in any process)
+        self.converted: dict[str, int] = self._already_converted()
         self.mirrored: dict[str, tuple[int, int]] = {}  # table -> (segment index, bytes copied)
         self.bytes_written = 0
         self.on_part: Callable[[int], None] = lambda size: None  # the process reports sizes
         self._schemas: dict[str, pa.Schema] = {}
 
+    def _already_converted(self) -> dict[str, int]:
+        converted: dict[str, int] = {}
+        for name in schema.TABLES:
+            for _, last, _ in self._parts(name):
+                converted[name] = max(converted.get(name, 0), last)
+        return converted
+
+    def _parts(self, table: str) -> list[tuple[int, int, Path]]:
+        """This writer's parts of ``table``: ``(first, last, path)``."""
+        try:
+            names = os.listdir(self._partition(table))
+        except OSError:
+            return []
+        parts = []
+        for name in names:
+            match = RANGE_PART_NAME.match(name)
+            if match and match["writer"] == self.writer_id:
+                parts.append((int(match["first"]), int(match["last"]),
+                              self._partition(table) / name))
+        return sorted(parts)
+
     def segments(self) -> dict[str, list[int]]:
-        """This writer's segment indexes per table, in order."""
+        """This writer's segment indexes per table, in order (hot folder and run dir)."""
+        self._paths = {}
+        folders = [self.journal_dir] if self.segment_dir == self.journal_dir else [
+            self.journal_dir, self.segment_dir]  # the hot copy, listed last, wins
+        for folder in folders:
+            for path in journal_hot.segment_files(folder, self.writer_id):
+                match = SEGMENT_NAME.match(path.name)
+                if match and match["writer"] == self.writer_id and match["table"] in schema.TABLES:
+                    self._paths[(match["table"], int(match["index"]))] = path
         found: dict[str, list[int]] = {}
-        for path in journal_hot.segment_files(self.segment_dir, self.writer_id):
-            match = SEGMENT_NAME.match(path.name)
-            if match and match["writer"] == self.writer_id and match["table"] in schema.TABLES:
-                found.setdefault(match["table"], []).append(int(match["index"]))
+        for table, index in self._paths:
+            found.setdefault(table, []).append(index)
         return {table: sorted(indexes) for table, indexes in found.items()}
 
     def write_empty_tables(self) -> None:
@@ -86,6 +120,10 @@ class PartWriter:
         """
         for name, indexes in self.segments().items():
             done = self.converted.get(name, 0)
+            for index in indexes:
+                if index <= done:  # converted, its deletion cut short (a writer was killed)
+                    self._segment(name, index).unlink(missing_ok=True)
+                    self._cold_segment(name, index).unlink(missing_ok=True)
             ready = [i for i in (indexes if final else indexes[:-1]) if i > done]
             if not ready:
                 continue
@@ -108,6 +146,8 @@ class PartWriter:
             return
         for name, indexes in self.segments().items():
             index = indexes[-1]
+            if self._segment(name, index).parent != self.segment_dir:
+                continue  # mapped in the run dir already (the hot folder was full)
             seen, copied = self.mirrored.get(name, (0, 0))
             start = copied - copied % _PAGE if seen == index else 0
             try:
@@ -127,14 +167,16 @@ class PartWriter:
     def compact(self) -> None:
         """Merge each table's parts of this writer into one."""
         for name in schema.TABLES:
-            parts = []
-            for path in self._partition(name).iterdir():
-                match = RANGE_PART_NAME.match(path.name)
-                if match and match["writer"] == self.writer_id:
-                    parts.append((int(match["first"]), int(match["last"]), path))
+            found = self._parts(name)
+            # A part inside another's range is left from a compaction cut short: the reader
+            # skips it, and so does this one, or its rows would count twice.
+            parts = [p for p in found if not any(a <= p[0] and p[1] <= b and (a, b) != p[:2]
+                                                 for a, b, _ in found)]
+            for part in found:
+                if part not in parts:
+                    part[2].unlink(missing_ok=True)
             if len(parts) < 2:
                 continue
-            parts.sort()
             data = pa.concat_tables([pq.read_table(p).cast(self._schema(name))
                                      for _, _, p in parts])
             self._write_part(name, data, parts[0][0], max(last for _, last, _ in parts))
@@ -150,6 +192,7 @@ class PartWriter:
         """Everything into Parquet, one part per table; the hot folder removed if empty."""
         self.convert(final=True)
         self.compact()
+        journal_hot.release_room(self.journal_dir, self.writer_id)
         if self.segment_dir != self.journal_dir:
             journal_hot.remove_if_empty(self.segment_dir)
 
@@ -157,9 +200,11 @@ class PartWriter:
         """Whatever could not become Parquet: the segments themselves, into the run dir."""
         if self.segment_dir != self.journal_dir:
             journal_hot.salvage(self.segment_dir, self.journal_dir, self.writer_id)
+        journal_hot.release_room(self.journal_dir, self.writer_id)
 
     def _segment(self, table: str, index: int) -> Path:
-        return self.segment_dir / _segment_name(table, self.writer_id, index)
+        known = self._paths.get((table, index))
+        return known or self.segment_dir / _segment_name(table, self.writer_id, index)
 
     def _cold_segment(self, table: str, index: int) -> Path:
         return self.journal_dir / _segment_name(table, self.writer_id, index)
@@ -237,11 +282,16 @@ def serve(writer: PartWriter, parent: int, interval_s: float, *, failed: bool = 
             parent_gone = True
         if pidfd is None and os.getppid() != parent:
             parent_gone = True
-        if flush and not failed:
-            failed = not _attempt(writer.flush)
+        if flush:
+            if not failed:
+                failed = not _attempt(writer.flush)
+            # Also after a failure: a pass time left in the past would spin this loop.
             next_pass = time.monotonic() + interval_s
+            _say("alive")  # the recorder's supervision: silence means stopped or stuck
     if failed or not _attempt(writer.finish):
         writer.salvage()
+    stack_dump.drop_unused(writer.run_dir, writer.rank, parent)
+    fatal.drop_unused(writer.run_dir, writer.rank, parent)  # last: it removes an empty folder
     _say("done")
 
 
@@ -253,27 +303,3 @@ def _attempt(work: Callable[[], None]) -> bool:
     except Exception as error:  # noqa: BLE001 - said to the recorder, which warns once
         _say(f"error {type(error).__name__}: {error}")
         return False
-
-
-def main(argv: list[str] | None = None) -> int:
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
-    parser = argparse.ArgumentParser(description="fsdptrace's writer process (internal)")
-    parser.add_argument("--parent", type=int, required=True)
-    parser.add_argument("--run-dir", type=Path, required=True)
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--version", required=True)
-    parser.add_argument("--writer-id", required=True)
-    parser.add_argument("--segment-dir", type=Path, required=True)
-    parser.add_argument("--interval", type=float, required=True)
-    args = parser.parse_args(argv)
-    writer = PartWriter(args.run_dir, rank=args.rank, version=args.version,
-                        writer_id=args.writer_id, segment_dir=args.segment_dir)
-    writer.on_part = lambda size: _say(f"wrote {size}")
-    failed = not _attempt(writer.write_empty_tables)
-    serve(writer, args.parent, args.interval, failed=failed)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from fsdptrace import schema
 from fsdptrace.errors import LifecycleError
-from fsdptrace.record import guards, hooks, snapshots
+from fsdptrace.record import flight_recorder, guards, hooks, optimizer_boundary, snapshots
 from fsdptrace.record.backends.base import Backend, Unit
 from fsdptrace.record.journal import FixedTable
 from fsdptrace.record.steps import parse_steps
@@ -39,8 +39,6 @@ from fsdptrace.version import __version__
 
 log = logging.getLogger("fsdptrace")
 
-RUN_DIR_ENV = "FSDPTRACE_RUN_DIR"
-DEFAULT_RUNS_ROOT = "fsdptrace_runs"
 
 _PHASE_CODE = {schema.FORWARD: 0, schema.BACKWARD: 1}
 
@@ -56,7 +54,7 @@ class Recorder:
         run_dir: Path,
         rank: int,
         world_size: int,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: object | None = None,
         raise_on_violation: bool = False,
         steps: str | None = None,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
@@ -97,6 +95,7 @@ class Recorder:
             writer_id=f"j{os.getpid()}_{time.time_ns() % 10**9:09d}",
             flush_interval_s=flush_interval_s,
             on_failure=self._on_writer_failure,
+            on_notice=lambda kind, detail: self._mark(kind, 0, detail),
         )
         events = self.writer.buffer("events", {"phase": schema.PHASES, "unit": self.unit_names})
         assert isinstance(events, FixedTable)  # journal_format.FIXED_TABLES
@@ -126,7 +125,8 @@ class Recorder:
         self.writer.start()
         self._handles = hooks.install(self)
         self._optimizer_handle = (
-            optimizer.register_step_pre_hook(self._optimizer_pre_hook) if optimizer else None
+            optimizer_boundary.hook_optimizer(optimizer, self.before_optimizer_step)
+            if optimizer is not None else None
         )
         guards.install(self)
 
@@ -226,6 +226,8 @@ class Recorder:
             return False
         self._ending = kind
         self._mark(kind, 0, detail[:2000])
+        if kind != schema.MARKER_CLOSE:
+            flight_recorder.save(self.run_dir, self.rank)
         return True
 
     def end_with_signal(self, name: str) -> bool:
@@ -332,9 +334,6 @@ class Recorder:
         self.markers.append(
             (self.next_seq(), time.monotonic_ns(), self.step, self.micro_step, kind, count, detail)
         )
-
-    def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.before_optimizer_step()
 
     def _guard(self, what: str, fn: Any, *args: Any) -> Any:
         try:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from fsdptrace import schema
 
 if TYPE_CHECKING:
+    from fsdptrace.record.backends.base import RecorderView as Recorder  # recorder.py imports us
     from fsdptrace.record.backends.base import Unit
-    from fsdptrace.record.recorder import Recorder
 
 
 def current_prefetch(rec: Recorder) -> dict[tuple[str, str], tuple[str, ...]]:
@@ -57,21 +57,18 @@ def record_boundary(rec: Recorder) -> None:
     for the live checks, which run on this very snapshot right after it is taken. The
     backend's answers are tuples: a stored row is the (step, micro_step, unit) head plus one.
     """
-    gradients_of, pending_of = rec.backend.gradients, rec.backend.pending_all_gathers
+    pending_of = rec.backend.pending_all_gathers
     gradients: list[tuple] = []
     pending: list[tuple] = []
     written: list[tuple] = []
     step, micro_step = rec.step, rec.micro_step
     baseline = rec.grad_baseline[1] if rec.grad_baseline and rec.grad_baseline[0] == step else None
-    for unit in rec.units:
+    for unit, presence in zip(rec.units, rec.backend.all_gradients(rec.units), strict=True):
         head = (step, micro_step, unit.name)
-        presence = gradients_of(unit)
         gradients.extend([head + g for g in presence])
         pending.extend([head + p for p in pending_of(unit)])
         if baseline is not None:
-            before, now = baseline[unit.index], rec.backend.grad_tokens(unit)
-            written.extend([head + (g.param, b != n) for g, b, n in zip(
-                presence, before, now, strict=False) if g.has_grad])
+            written.extend(_written(rec, unit, head, presence, baseline[unit.index]))
     rec.boundary_gradients, rec.boundary_pending = gradients, pending
     rec.boundary_written = written
     rec.writer.buffer("gradients").extend(gradients)
@@ -79,10 +76,25 @@ def record_boundary(rec: Recorder) -> None:
     rec.writer.buffer("grads_written").extend(written)
 
 
+def _written(rec: Recorder, unit: Unit, head: tuple, presence: list, before: list[object]
+             ) -> list[tuple]:
+    """``grads_written`` rows of one unit: was each gradient held now written in this step?
+
+    A parameter with no gradient at the baseline (token None) holds one now only if the step
+    wrote it, so its presence answers and no token is read: after ``zero_grad()`` (to None,
+    the default) that is every parameter, and the boundary reads each gradient once.
+    """
+    if before.count(None) == len(before):
+        return [head + (g.param, True) for g in presence if g.has_grad]
+    now = rec.backend.grad_tokens(unit)
+    return [head + (g.param, b != n) for g, b, n in zip(presence, before, now, strict=False)
+            if g.has_grad]
+
+
 def take_grad_baseline(rec: Recorder) -> None:
     """Every managed parameter's gradient token, at the step's first micro-step begin: after
     the previous step's ``zero_grad``, before anything of this step can write a gradient."""
-    rec.grad_baseline = (rec.step, [rec.backend.grad_tokens(unit) for unit in rec.units])
+    rec.grad_baseline = (rec.step, rec.backend.all_grad_tokens(rec.units))
 
 
 def setting_text(value: object) -> str | None:

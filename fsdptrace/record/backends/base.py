@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import torch.nn as nn
 
 if TYPE_CHECKING:
-    from fsdptrace.record.recorder import Recorder
+    from pathlib import Path
+
+    from fsdptrace.record.writer import ChunkWriter
 
 
 @dataclass
@@ -58,13 +60,17 @@ class PendingAllGather(NamedTuple):
 class Backend(Protocol):
     """What the recorder needs from an FSDP implementation."""
 
+    # ``rec`` in the ``install_*`` methods: the ``Recorder``, which each backend types as such
+    # (its hooks reach further into it than ``RecorderView``); ``Any`` here, as this module
+    # cannot import recorder.py, which imports it.
+
     name: str
     # Reentrant checkpoint recompute runs the graph whose output gradients fire (FSDP2);
     # HSDP's recompute outputs never get them and the reference skips them.
     watch_backward_in_recompute: bool
 
     def discover_units(self, parts: Sequence[nn.Module]) -> list[Unit]:
-        """Every unit of the model parts, named as CHECKS.md says, roots first per part."""
+        """Every unit of the model parts, named as docs/checks.md says, roots first per part."""
         ...
 
     def prefetch_targets(self, unit: Unit, phase: str) -> list[str]:
@@ -97,6 +103,15 @@ class Backend(Protocol):
         """
         ...
 
+    def all_gradients(self, units: Sequence[Unit]) -> list[list[GradientPresence]]:
+        """``gradients`` of every unit, in one call: the boundary reads them all at once, and a
+        call per unit costs more than the reads themselves (~10 µs a unit on a busy box)."""
+        ...
+
+    def all_grad_tokens(self, units: Sequence[Unit]) -> list[list[object]]:
+        """``grad_tokens`` of every unit, in one call (the step's baseline)."""
+        ...
+
     def settings_row(self, unit: Unit) -> tuple[object, ...]:
         """The unit's settings in ``schema.SETTING_NAMES`` order; None where unreadable."""
         ...
@@ -108,7 +123,7 @@ class Backend(Protocol):
         """
         ...
 
-    def install_backward_grads(self, rec: Recorder) -> list[InstanceAttributePatch]:
+    def install_backward_grads(self, rec: Any) -> list[InstanceAttributePatch]:
         """Call ``rec.record_backward_grads`` at each unit post-backward, before its
         reduce-scatter is issued, with every managed parameter's state; [] if unknown."""
         ...
@@ -121,7 +136,7 @@ class Backend(Protocol):
         """True while this thread runs a backward pass: a part's forward now is recompute."""
         ...
 
-    def install_provenance(self, rec: Recorder) -> list[InstanceAttributePatch]:
+    def install_provenance(self, rec: Any) -> list[InstanceAttributePatch]:
         """Record who issues and who consumes each all-gather (``allgathers``); [] if unknown."""
         ...
 
@@ -130,6 +145,72 @@ class Backend(Protocol):
     ) -> InstanceAttributePatch | None:
         """Catch units run through paths that bypass module hooks (registered methods)."""
         ...
+
+    def install_collectives(self, rec: Any) -> list[Any]:
+        """Record each all-gather, reduce-scatter and all-reduce of a unit before it is issued,
+        with its process group and that group's sequence number (``collectives``); returns
+        handles whose ``remove()`` undoes it."""
+        ...
+
+
+class RecorderView(Protocol):
+    """The recorder as its helpers see it: what hooks, guards, snapshots, the fatal-signal and
+    live paths and the backends read and call on a ``record.recorder.Recorder``.
+
+    The problem this solves: typed against ``Recorder`` itself, each of those modules imported
+    ``recorder.py``, which imports them (an import circle, if only for types). They type
+    against this view instead, and ``Recorder`` satisfies it. The underscored fields are the
+    recorder's state those helpers still read directly; each is listed here, nowhere else.
+    """
+
+    parts: list[nn.Module]
+    backend: Backend
+    units: list[Unit]
+    unit_names: list[str]
+    run_dir: Path
+    rank: int
+    step: int
+    micro_step: int
+    enabled: bool
+    writer: ChunkWriter
+    last_settings: list[tuple[object, ...] | None]
+    settings_key: object
+    grad_baseline: tuple[int, list[list[object]]] | None
+    live_events: list[tuple] | None
+    boundary_gradients: list[tuple]
+    boundary_pending: list[tuple]
+    boundary_written: list[tuple]
+    _recording: bool
+    _in_eval: bool
+    _last_prefetch: dict[tuple[str, str], tuple[str, ...]] | None
+    _prefetch_key: object
+
+    def next_seq(self) -> int: ...
+
+    def record_unit(self, unit_index: int, phase_code: int) -> None: ...
+
+    def record_eval(self, unit_index: int) -> None: ...
+
+    def record_backward_grads(self, unit_index: int, first: int, states: list[int],
+                              via: int) -> None: ...
+
+    def on_part_forward(self, part: int) -> bool: ...
+
+    def abort_micro_step(self) -> None: ...
+
+    def stash_exception(self, error: BaseException) -> None: ...
+
+    def disable(self, reason: str) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self, *, error: str | None = None) -> None: ...
+
+    def end_with_signal(self, name: str) -> bool: ...
+
+    def end_with_exception(self, error: BaseException) -> bool: ...
+
+    def forked_off(self) -> None: ...
 
 
 class InstanceAttributePatch:
@@ -163,7 +244,7 @@ _ABSENT = object()
 
 
 def unit_name(part: int, fqn: str, *, num_parts: int) -> str:
-    """The unit naming rule of CHECKS.md: ``<root>``, ``layers.0``, ``part[1].layers.0``."""
+    """The unit naming rule of docs/checks.md: ``<root>``, ``layers.0``, ``part[1].layers.0``."""
     if num_parts > 1:
         return f"part[{part}].{fqn}" if fqn else f"part[{part}]"
     return fqn or "<root>"

@@ -11,7 +11,10 @@ the job. Two layouts of pending all-gathers exist and both are read:
   (``hsdp_state.param_group.all_gather_buckets[i].all_gather_result.handle``) and a
   per-parameter ``allgather_comm_ctx`` (``allgather_handle``, ``allgather_output``).
 
-A layout is missing only when a unit has neither (one warning then).
+A layout is missing only when a unit has neither (one warning then). All-gather provenance
+(who issued each gather, when it was consumed and freed) lives in ``hsdp_provenance``, the
+collectives with their sequence numbers in ``hsdp_collectives``, and who issued a gather in
+``hsdp_issuers``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from fsdptrace import schema
+from fsdptrace.record.backends import hsdp_collectives, hsdp_provenance
 from fsdptrace.record.backends.base import (
     GradientPresence,
     InstanceAttributePatch,
@@ -150,6 +154,12 @@ class HSDPBackend:
             rows.append(GradientPresence(label, has_grad, source))
         return rows
 
+    def all_gradients(self, units: Sequence[Unit]) -> list[list[GradientPresence]]:
+        return [self.gradients(unit) for unit in units]
+
+    def all_grad_tokens(self, units: Sequence[Unit]) -> list[list[object]]:
+        return [self.grad_tokens(unit) for unit in units]
+
     def pending_all_gathers(self, unit: Unit) -> list[PendingAllGather]:
         """Issued all-gathers not consumed, from both layouts, and parameters left unsharded."""
         state = getattr(unit.handle, "hsdp_state", None)
@@ -227,7 +237,12 @@ class HSDPBackend:
         return bool(torch._C._current_graph_task_id() != -1)
 
     def install_provenance(self, rec: Recorder) -> list[InstanceAttributePatch]:
-        return []  # no all-gather provenance for HSDP yet
+        """Wrappers on each unit's ``hsdp_state`` gathers (``hsdp_provenance``)."""
+        return hsdp_provenance.install(rec)
+
+    def install_collectives(self, rec: Recorder) -> list[InstanceAttributePatch]:
+        """Wrappers on each sharded parameter's collectives (``hsdp_collectives``)."""
+        return hsdp_collectives.install(rec)
 
     def patch_forward_methods(
         self, unit: Unit, on_pre: Any, on_post: Any

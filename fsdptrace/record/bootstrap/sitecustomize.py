@@ -17,10 +17,13 @@ import sys
 import warnings
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# fsdptrace.env.RUN_DIR_ENV, spelled here: this file runs in every process `fsdptrace record`
+# starts, where fsdptrace may not be importable (tests/test_import_graph.py holds them equal).
+RUN_DIR_ENV = "FSDPTRACE_RUN_DIR"
 
 
 def _start_recording() -> None:
-    if not os.environ.get("FSDPTRACE_RUN_DIR"):
+    if not os.environ.get(RUN_DIR_ENV):
         return
     try:
         from fsdptrace.record.auto import install_on_torch_import

@@ -32,7 +32,7 @@ import torch
 
 from fsdptrace import schema
 from fsdptrace.record.backends.base import InstanceAttributePatch
-from fsdptrace.record.backends.fsdp2.issuers import ISSUER_KINDS, Issuers, fsdp2_dir
+from fsdptrace.record.backends.fsdp2.issuers import ISSUER_KINDS, Issuers, for_recorder
 from fsdptrace.record.backends.fsdp2.state import param_groups
 
 if TYPE_CHECKING:
@@ -80,17 +80,11 @@ class Provenance:
 
 def install(rec: Recorder) -> list[InstanceAttributePatch]:
     """Wrap every parameter group of every unit; returns patches whose ``remove()`` undoes them."""
-    groups = []
-    unit_of: dict[int, int] = {}
-    for unit in rec.units:
-        unit_of[id(unit.handle)] = unit.index
-        for group_index, group in enumerate(param_groups(unit.handle)):
-            unit_of[id(group)] = unit.index
-            groups.append((unit.index, group_index, group))
-    if not groups:
+    groups = [(unit.index, group_index, group) for unit in rec.units
+              for group_index, group in enumerate(param_groups(unit.handle))]
+    issuers = for_recorder(rec)
+    if not groups or issuers is None:
         return []
-    issuers = Issuers(fsdp2_dir(groups[0][2]), unit_of=unit_of, unit_names=rec.unit_names,
-                      rank=rec.rank)
     prov = Provenance(rec, issuers)
     return [_wrap_group(prov, *entry) for entry in groups]
 
@@ -158,6 +152,12 @@ def _wrap_unshard(prov: Provenance, unit: int, group_index: int, group: Any
         return out
 
     return unshard
+
+
+def unshard_code() -> Any:
+    """The code object of the ``unshard`` wrapper, for readers of the stack to step over."""
+    probe = _wrap_unshard.__code__.co_consts
+    return next(c for c in probe if getattr(c, "co_name", None) == "unshard")
 
 
 def _wrap_clear(prov: Provenance, unit: int, group_index: int, group: Any, name: str,

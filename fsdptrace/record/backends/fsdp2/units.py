@@ -10,6 +10,7 @@ experiments: ``shared/research/fsdp2_internals.md``.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from fsdptrace.record.backends.base import (
     unit_name,
     untracked_name,
 )
-from fsdptrace.record.backends.fsdp2 import grads, provenance
+from fsdptrace.record.backends.fsdp2 import collectives, grad_reads, grads, params, provenance
 from fsdptrace.record.backends.fsdp2.state import fsdp_state, param_groups
 
 if TYPE_CHECKING:
@@ -43,11 +44,6 @@ _PREFETCH_ATTR = {
 }
 _prefetch_lists = operator.attrgetter(*_PREFETCH_ATTR.values())
 
-# (has_grad, grad_source): the four answers ``_grad_source`` can give.
-_SHARDED, _UNSHARDED, _ACCUMULATED, _NONE = (
-    (True, "sharded"), (True, "unsharded"), (True, "accumulated"), (False, "none"))
-
-
 class _Answers(dict[tuple[bool, str], GradientPresence]):
     """One parameter's ``GradientPresence`` per (has_grad, source), each built once on demand."""
 
@@ -60,11 +56,15 @@ class _Answers(dict[tuple[bool, str], GradientPresence]):
         return presence
 
 
-def _param_label(fsdp_param: Any, index: int, names: list[str]) -> str:
-    fqn = getattr(fsdp_param, "_param_fqn", None)
-    if fqn:
-        return str(fqn)
-    return names[index] if index < len(names) else f"param[{index}]"
+# What ``_params_of`` answers for a unit without managed parameters: one list, so that
+# ``_all_params`` sees the same answer as unchanged (never mutated).
+_NO_PARAMS: list[tuple[Any, _Answers]] = []
+
+
+def _split(values: list[Any], counts: list[int]) -> list[list[Any]]:
+    """``values`` cut into consecutive lists of ``counts`` items."""
+    found = iter(values)
+    return [list(itertools.islice(found, count)) for count in counts]
 
 
 def has_fsdp2_units(parts: Sequence[nn.Module]) -> bool:
@@ -83,38 +83,30 @@ class FSDP2Backend:
         # the parameter groups. FSDP2 builds both once, at fully_shard / lazy init.
         self._labelled_params: dict[int, list[tuple[Any, _Answers]]] = {}
         self._groups: dict[int, list[Any]] = {}
+        self._fsdp_params: dict[int, tuple[list[Any], list[Any]]] = {}
         self._mesh_shapes: dict[int, tuple[int, ...] | None] = {}
         self._settings_sources: tuple[list[Any], list[Any]] | None = None
+        self._all: tuple[list[Any], list[Any], list[_Answers], list[int]] | None = None
 
     def discover_units(self, parts: Sequence[nn.Module]) -> list[Unit]:
         units: list[Unit] = []
         for part_index, part in enumerate(parts):
+            names = params.names_by_identity(part)
             for state, members in _states_of(part, skip=self._name_by_state):
                 fqn = ",".join(f for f, _ in members)
                 name = unit_name(part_index, fqn, num_parts=len(parts))
-                units.append(self._make_unit(len(units), name, part_index, state, members))
+                units.append(self._make_unit(len(units), name, part_index, state, members,
+                                             params.unit_param_names(state, names)))
         for unit in units:
             self._name_by_state[id(unit.handle)] = unit.name
         return units
 
     def _make_unit(self, index: int, name: str, part: int, state: Any,
-                   members: list[tuple[str, nn.Module]]) -> Unit:
-        param_names: list[str] = []
+                   members: list[tuple[str, nn.Module]], param_names: list[str]) -> Unit:
         num_elements = 0
-        for group in param_groups(state):
-            for fsdp_param in getattr(group, "fsdp_params", ()):
-                param_names.append(str(getattr(fsdp_param, "_param_fqn", "") or ""))
-                shape = getattr(fsdp_param, "_orig_size", None)
-                num_elements += int(torch.Size(shape).numel()) if shape is not None else 0
-        if not any(param_names):
-            # Before lazy init FSDP has no FQNs; name parameters as it will (relative to the
-            # part root), each module of a grouped unit under its own FQN.
-            param_names = [
-                f"{fqn}.{n}" if fqn else n
-                for fqn, m in members
-                for n, p in m.named_parameters()
-                if not _owned_by_child_unit(m, n)
-            ]
+        for fsdp_param in params.managed_params(state):
+            shape = getattr(fsdp_param, "_orig_size", None)
+            num_elements += int(torch.Size(shape).numel()) if shape is not None else 0
         fqn = ",".join(f for f, _ in members)
         return Unit(
             index=index,
@@ -161,14 +153,44 @@ class FSDP2Backend:
         """Gradient presence per managed parameter, at every optimizer step for every unit.
 
         Labels are resolved once and each answer built once per parameter: a later boundary
-        allocates nothing per parameter but the list.
+        allocates nothing per parameter but the list. The gradients are read in bulk
+        (``grad_reads``): this runs on the training thread for every parameter every step.
         """
-        grad_source = _grad_source
-        return [answers[grad_source(p)] for p, answers in self._params_of(unit)]
+        pairs = self._params_of(unit)
+        found = grad_reads.sources(self._fsdp_params_of(unit, pairs))
+        return [answers[source] for (_, answers), source in zip(pairs, found, strict=True)]
 
     def grad_tokens(self, unit: Unit) -> list[object]:
-        token = grads.grad_token
-        return [token(p) for p, _ in self._params_of(unit)]
+        return grad_reads.tokens(self._fsdp_params_of(unit, self._params_of(unit)))
+
+    def all_gradients(self, units: Sequence[Unit]) -> list[list[GradientPresence]]:
+        """``gradients`` of every unit from one bulk read of all their parameters."""
+        fsdp_params, answers, counts = self._all_params(units)
+        found = grad_reads.sources(fsdp_params)
+        return _split(list(map(dict.__getitem__, answers, found)), counts)
+
+    def all_grad_tokens(self, units: Sequence[Unit]) -> list[list[object]]:
+        fsdp_params, _, counts = self._all_params(units)
+        return _split(grad_reads.tokens(fsdp_params), counts)
+
+    def _all_params(self, units: Sequence[Unit]) -> tuple[list[Any], list[_Answers], list[int]]:
+        """Every unit's ``FSDPParam``s and answers in one list, and each unit's count; built
+        again only when ``_params_of`` built anything again."""
+        pairs = [self._params_of(unit) for unit in units]
+        cached = self._all
+        if cached is None or len(cached[0]) != len(pairs) or not all(
+                map(operator.is_, cached[0], pairs)):
+            flat = [pair for unit_pairs in pairs for pair in unit_pairs]
+            cached = self._all = (pairs, [p for p, _ in flat], [a for _, a in flat],
+                                  [len(unit_pairs) for unit_pairs in pairs])
+        return cached[1], cached[2], cached[3]
+
+    def _fsdp_params_of(self, unit: Unit, pairs: list[tuple[Any, _Answers]]) -> list[Any]:
+        """The ``FSDPParam`` column of ``pairs``, built again only when ``_params_of`` did."""
+        cached = self._fsdp_params.get(unit.index)
+        if cached is None or cached[0] is not pairs:
+            cached = self._fsdp_params[unit.index] = (pairs, [p for p, _ in pairs])
+        return cached[1]
 
     def settings_row(self, unit: Unit) -> tuple[object, ...]:
         return grads.settings_row(unit.handle, self._mesh_shapes)
@@ -196,14 +218,14 @@ class FSDP2Backend:
         cached = self._labelled_params.get(unit.index)
         if cached is not None:
             return cached
-        pairs: list[tuple[Any, _Answers]] = []
-        for group in param_groups(unit.handle):
-            for fsdp_param in getattr(group, "fsdp_params", ()):
-                label = _param_label(fsdp_param, len(pairs), unit.param_names)
-                pairs.append((fsdp_param, _Answers(label)))
-        # Labels come from FSDP's FQNs, set at lazy init; until then they are guesses.
-        if all(getattr(p, "_param_fqn", None) for p, _ in pairs):
-            self._labelled_params[unit.index] = pairs
+        # The codes and names of ``unit.param_names`` (``params``): the tables agree by design.
+        managed = params.managed_params(unit.handle)
+        if not managed:  # not cached: FSDP2 may not have built them yet
+            return _NO_PARAMS
+        names = unit.param_names
+        pairs = [(p, _Answers(names[i] if i < len(names) else f"param[{i}]"))
+                 for i, p in enumerate(managed)]
+        self._labelled_params[unit.index] = pairs
         return pairs
 
     def _groups_of(self, unit: Unit) -> list[Any]:
@@ -243,6 +265,9 @@ class FSDP2Backend:
     def install_provenance(self, rec: Recorder) -> list[InstanceAttributePatch]:
         return provenance.install(rec)
 
+    def install_collectives(self, rec: Recorder) -> list[collectives.Installed]:
+        return collectives.install(rec)
+
     def patch_forward_methods(
         self, unit: Unit, on_pre: Any, on_post: Any
     ) -> InstanceAttributePatch | None:
@@ -272,20 +297,6 @@ class FSDP2Backend:
             state, {"_pre_forward": pre_forward, "_post_forward": post_forward})
 
 
-def _grad_source(fsdp_param: Any) -> tuple[bool, str]:
-    sharded = getattr(fsdp_param, "sharded_param", None)
-    if getattr(sharded, "grad", None) is not None:
-        return _SHARDED
-    # A no-sync micro-step keeps the gradient on the unsharded parameter, or in
-    # unsharded_accumulated_grad when the reduce dtype differs.
-    unsharded = fsdp_param.__dict__.get("_unsharded_param")
-    if getattr(unsharded, "grad", None) is not None:
-        return _UNSHARDED
-    if getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None:
-        return _ACCUMULATED
-    return _NONE
-
-
 def _states_of(part: nn.Module, *, skip: dict[int, str]
                ) -> list[tuple[Any, list[tuple[str, nn.Module]]]]:
     """Each FSDP state of ``part`` (not in ``skip``) with its modules and their FQNs, in order.
@@ -311,12 +322,3 @@ def _original_type_name(module: nn.Module) -> str:
             return cls.__name__
     return type(module).__name__
 
-
-def _owned_by_child_unit(module: nn.Module, param_name: str) -> bool:
-    """True when ``param_name`` of ``module`` belongs to a nested FSDP unit."""
-    owner: nn.Module = module
-    for part in param_name.split(".")[:-1]:
-        owner = getattr(owner, part)
-        if isinstance(owner, FSDPModule):
-            return True
-    return False
