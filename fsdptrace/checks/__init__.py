@@ -7,9 +7,13 @@ the map step kept of every rank (the reduce step).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from fsdptrace.checks import (
     bypassed_unit,
     eval_divergence,
+    findings,
     gradient_divergence,
     order_instability,
     pending_all_gather,
@@ -23,7 +27,13 @@ from fsdptrace.checks import (
     wasted_prefetch,
 )
 from fsdptrace.checks.contract import ACROSS_RANKS, PER_RANK, Check
+from fsdptrace.checks.tables import RankTables
 from fsdptrace.errors import UsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from fsdptrace.trace import Trace
 
 REGISTRY: tuple[Check, ...] = (
     prefetch_order.CHECK,
@@ -63,5 +73,12 @@ def selected(names: list[str] | tuple[str, ...] | set[str], scope: str) -> list[
     return [c for c in REGISTRY if c.name in names and c.scope == scope]
 
 
+def per_rank_findings(source: Trace | RankTables, names: Iterable[str]) -> pd.DataFrame:
+    """The per-rank checks named, on the tables of one or more ranks (also the live path)."""
+    tables = source if isinstance(source, RankTables) else RankTables.from_trace(source)
+    return findings.combine(check.run_per_rank(tables)
+                            for check in selected(set(names), PER_RANK))
+
+
 __all__ = ["ACROSS_RANKS", "CHECKS", "LIVE_CHECKS", "PER_RANK", "REGISTRY", "Check",
-           "resolve", "selected"]
+           "per_rank_findings", "resolve", "selected"]

@@ -112,6 +112,9 @@ class Columns:
                 done.add(name)
             elif values.dtype.kind in "iu" and isinstance(values.dtype, np.dtype):
                 data[name] = values.to_numpy().astype(np.int64, copy=False)
+            elif not len(values):
+                # An empty table's columns may be untyped (object): as ints they fold as keys.
+                data[name] = np.zeros(0, dtype=np.int64)
             else:
                 data[name] = values.to_numpy()
         return cls(data, done, vocab, len(frame))
@@ -216,3 +219,11 @@ def lookup(have: np.ndarray, want: np.ndarray) -> np.ndarray:
     table = np.full(size, -1, dtype=np.int64)
     table[have] = np.arange(len(have), dtype=np.int64)
     return table[want]
+
+
+def distinct_ranks(rank: np.ndarray) -> list[int]:
+    """Distinct ranks, sorted; the map step holds one, so that case skips hashing."""
+    if not len(rank):
+        return []
+    low, high = int(rank.min()), int(rank.max())
+    return [low] if low == high else sorted(pd.unique(rank).tolist())

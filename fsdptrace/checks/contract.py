@@ -41,6 +41,9 @@ class Merged:
     fetch_prefetch: Callable[[list[int]], pd.DataFrame]
     # Per across-ranks check with a ``summarize``: every rank's summary, concatenated.
     summaries: dict[str, pd.DataFrame] = field(default_factory=dict)
+    # The errors of the cross-rank checks the hang verdict reads as causes (check 6), when the
+    # reduce step ran them already; None: the verdict runs them itself.
+    divergences: pd.DataFrame | None = None
 
 
 @dataclass(frozen=True)

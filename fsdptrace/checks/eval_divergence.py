@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace.checks import findings
+from fsdptrace.checks import findings, incomplete, keys
+from fsdptrace.checks.columns import distinct_ranks
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.order import outside_majority
+from fsdptrace.checks.majority import against_majority, compared_with
+from fsdptrace.checks.order import first_difference_of
+from fsdptrace.checks.stops import cut_off_intervals
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -24,7 +27,6 @@ NAME = "eval-divergence"
 SEVERITY = findings.ERROR
 _SEP = "\x1f"  # between unit names in an interval's text (never in a name)
 _SUMMARY = ["rank", "step", "interval"]
-END = "<end>"
 
 
 def summarize(tables: RankTables) -> pd.DataFrame:
@@ -34,8 +36,10 @@ def summarize(tables: RankTables) -> pd.DataFrame:
     rank that validated there, that is the difference.
     """
     reached = _intervals_reached(tables)
+    cut = cut_off_intervals(tables)
     if not tables.sizes["eval_forwards"]:
-        return pd.DataFrame({"rank": reached[0], "step": reached[1], "interval": ""})
+        return _recorded(_outside(pd.DataFrame({"rank": reached[0], "step": reached[1],
+                                                "interval": ""}), cut), tables)
     evals = tables.frame("eval_forwards").sort_values(["rank", "seq"])
     texts = evals.assign(unit=evals["unit"].astype(str)).groupby(
         [evals["rank"].astype("int64"), evals["step"].astype("int64")],
@@ -43,7 +47,23 @@ def summarize(tables: RankTables) -> pd.DataFrame:
     grid = pd.DataFrame({"rank": reached[0], "step": reached[1]})
     out = grid.merge(texts, on=["rank", "step"], how="outer")
     out["interval"] = out["interval"].fillna("")
-    return out[_SUMMARY]
+    return _recorded(_outside(out[_SUMMARY], cut), tables)
+
+
+def _outside(intervals: pd.DataFrame, cut: pd.DataFrame) -> pd.DataFrame:
+    """Intervals but those a rank stopped in (cut off: the rest was never recorded)."""
+    if not len(cut) or not len(intervals):
+        return intervals
+    return intervals[~keys.isin(intervals, cut, ["rank", "step"])].reset_index(drop=True)
+
+
+def _recorded(intervals: pd.DataFrame, tables: RankTables) -> pd.DataFrame:
+    """Intervals but those whose eval forwards were lost (a recording that stopped in them)."""
+    if not len(tables.incomplete) or not len(intervals):
+        return intervals
+    lost = incomplete.in_steps(tables.incomplete, ("eval_forwards",),
+                               intervals["rank"].to_numpy(), intervals["step"].to_numpy())
+    return intervals[~lost].reset_index(drop=True)
 
 
 def _intervals_reached(tables: RankTables) -> tuple[np.ndarray, np.ndarray]:
@@ -52,8 +72,6 @@ def _intervals_reached(tables: RankTables) -> tuple[np.ndarray, np.ndarray]:
 
     From minima and maxima only: this runs on every rank of every run, eval or not.
     """
-    from fsdptrace.checks.positions import distinct_ranks
-
     events, grads = tables.events, tables.gradients
     ranks, steps = [], []
     known = [events["rank"], *([grads["rank"]] if len(grads) else [])]
@@ -83,7 +101,7 @@ def compare(intervals: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     rows = intervals.merge(unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
     if not rows["interval"].str.len().any():
         return findings.empty()
-    differs = outside_majority(rows, group, "interval")
+    differs = against_majority(rows, group, "interval")
     if not len(differs):
         return findings.empty()
     return _report(differs.sort_values(["step", "rank"]).reset_index(drop=True))
@@ -98,19 +116,10 @@ def _counts(units: list[str]) -> str:
     return ", ".join(f"{u} x{n}" for u, n in counts.items()) if counts else "none"
 
 
-def _first_difference(left: list[str], right: list[str]) -> tuple[int, str, str]:
-    for index in range(max(len(left), len(right))):
-        mine = left[index] if index < len(left) else END
-        theirs = right[index] if index < len(right) else END
-        if mine != theirs:
-            return index, mine, theirs
-    raise AssertionError("intervals differ, so some index does")
-
-
 def _report(rows: pd.DataFrame) -> pd.DataFrame:
     mine = [_units(t) for t in rows["interval"]]
     theirs = [_units(t) for t in rows["reference"]]
-    first = [_first_difference(a, b) for a, b in zip(mine, theirs, strict=True)]
+    first = [first_difference_of(a, b) for a, b in zip(mine, theirs, strict=True)]
     located = rows.assign(position=[f[0] for f in first], unit=[f[1] for f in first],
                           target=[f[2] for f in first])
     step = rows["step"].astype("int64")
@@ -119,8 +128,8 @@ def _report(rows: pd.DataFrame) -> pd.DataFrame:
     message = ("rank " + rows["rank"].astype(str) + " ran " + pd.Series(
         [str(len(m)) for m in mine], index=rows.index) + " eval forwards in eval interval "
         + step.astype(str) + " (" + between + "): " + pd.Series(
-            [_counts(m) for m in mine], index=rows.index) + "; " + rows["num_agree"].astype(str)
-        + " rank(s), e.g. rank " + rows["reference_rank"].astype(str) + ", ran " + pd.Series(
+            [_counts(m) for m in mine], index=rows.index) + "; " + compared_with(rows)
+        + " ran " + pd.Series(
             [str(len(t)) for t in theirs], index=rows.index) + ": " + pd.Series(
             [_counts(t) for t in theirs], index=rows.index) + "; they first differ at eval "
         + "forward " + located["position"].astype(str) + " (" + located["unit"] + " against "

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from fsdptrace import schema
 from fsdptrace.checks import findings, incomplete
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.order import majority
+from fsdptrace.checks.majority import against_majority, compared_with
 from fsdptrace.checks.settings import value_at
+from fsdptrace.checks.stops import cut_off_passes
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -40,7 +42,9 @@ def summarize(tables: RankTables) -> pd.DataFrame:
                          "micro_step": raw["micro_step"].astype("int64"),
                          "unit": raw["unit"].astype(str), "param": raw["param"].astype(str),
                          "state": raw["state"].astype(str)})
-    rows = incomplete.outside(rows, incomplete.cut_off_micro_steps(tables), "backward_grads",
+    # A pass a rank stopped in is cut off: its backward's gradients are not compared.
+    cut = cut_off_passes(tables)
+    rows = incomplete.outside(rows, cut[cut["phase"] == schema.BACKWARD], "backward_grads",
                               tables.incomplete)
     slots = rows[SLOT].drop_duplicates()
     # A unit with several parameter groups has one post-backward each: take the union.
@@ -92,8 +96,7 @@ def compare(slots: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     slots = slots[compared]
     if not len(slots):
         return findings.empty()
-    best = majority(slots, group, "reduced").rename(columns={"reduced": "reference"})
-    slots = slots.merge(best, on=group)
+    slots = against_majority(slots, group, "reduced", every_row=True)
     reference = slots[["rank", "step", "micro_step", "unit", "received"]].rename(
         columns={"rank": "reference_rank", "received": "reference_received"})
     slots = slots.merge(reference, on=["reference_rank", "step", "micro_step", "unit"])
@@ -127,9 +130,8 @@ def _report(rows: pd.DataFrame) -> pd.DataFrame:
                                                                        strict=True)])
     message = ("rank " + rows["rank"].astype(str) + "'s backward of " + rows["unit"]
                + " in step " + rows["step"].astype(str) + ", micro-step "
-               + rows["micro_step"].astype(str) + ", differs from the most common set ("
-               + rows["num_agree"].astype(str) + " rank(s), e.g. rank "
-               + rows["reference_rank"].astype(str) + "): it " + sides
+               + rows["micro_step"].astype(str) + ", differs from the set of "
+               + compared_with(rows) + ": it " + sides
                + "; the gradients began to differ in micro-step " + rows["began"].astype(str)
                + ": FSDP2 reduce-scatters the parameters holding gradients, so the ranks' "
                + "reduce-scatters of " + rows["unit"] + " get different inputs (a size mismatch "

@@ -9,15 +9,21 @@ A schema-1 writer that could not keep up dropped a table's oldest buffered rows 
 there may be a lost row. The checks that would misread such a gap skip those micro-steps
 (orders, provenance) or optimizer steps (boundary snapshots) instead.
 
+A rank whose recording stopped (``recording_disabled``: its run dir's disk filled, its writer
+failed) recorded nothing more in any table: from that marker's micro-step to the last step its
+markers reached, every table is incomplete. A chunk or journal segment the reader skipped as
+unreadable is a ``dropped_rows`` marker of its own (``chunk_gaps``). Each range says its
+``cause`` (``CAUSES``), so what a person reads names what happened, not only where.
+
 One implementation for every source: the map step filters a rank's Arrow markers down to the
-few ``dropped_rows`` rows before converting them (``from_arrow``), a ``Trace`` hands its
+few loss and abort rows before converting them (``from_arrow``), a ``Trace`` hands its
 markers frame over, and both end in ``parse``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,48 +31,81 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fsdptrace import schema
+from fsdptrace.checks.keys import rank_step_key
 from fsdptrace.errors import RunDirError
-
-if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+from fsdptrace.key_ranges import MAX_MICRO_STEP
 
 COLUMNS = ["rank", "table", "first_step", "first_micro_step", "last_step", "last_micro_step",
-           "num_rows"]
-_STEP_SCALE = 1 << 20  # micro-steps per optimizer step, as ``step * scale + micro_step``
-_RANK_SCALE = 1 << 44  # leaves 2**24 optimizer steps per rank below the rank's part of a key
+           "num_rows", "cause"]
+# Why a range is incomplete: rows a schema-1 writer dropped, a chunk or segment the reader
+# could not read, a micro-step ``reset_iter_state()`` aborted, a recording that stopped.
+DROPPED, UNREADABLE, ABORTED, STOPPED = "dropped", "unreadable", "aborted", "stopped"
+CAUSES = (DROPPED, UNREADABLE, ABORTED, STOPPED)
+# Marker kinds after which a rank recorded nothing more.
+STOP_MARKERS = (schema.MARKER_DISABLED,)
+_LOSS_MARKERS = (schema.MARKER_DROPPED_ROWS, schema.MARKER_ABORTED, *STOP_MARKERS)
 
 
 def empty() -> pd.DataFrame:
     """No incomplete ranges (what a run without drops, or the live path, holds)."""
-    return pd.DataFrame({c: pd.Series([], dtype=object if c == "table" else "int64")
+    return pd.DataFrame({c: pd.Series([], dtype=object if c in ("table", "cause") else "int64")
                          for c in COLUMNS})
 
 
-def parse(markers: pd.DataFrame) -> pd.DataFrame:
-    """Incomplete ranges (``COLUMNS``) from markers; only ``dropped_rows`` rows are read.
+def parse(markers: pd.DataFrame, last_steps: pd.Series | None = None) -> pd.DataFrame:
+    """Incomplete ranges (``COLUMNS``) from markers; only loss and abort markers are read.
 
     The same run may be marked twice (a marker the cap itself dropped is written again at
     close), so duplicates are removed. Details are parsed with ``json`` (never evaluated).
+    ``last_steps``: per rank, the last step its markers reached (where a stopped recording's
+    range ends), when ``markers`` holds only the loss rows; else taken from ``markers``.
     """
     if not len(markers) or "kind" not in markers:
         return empty()
     kind = markers["kind"].astype(object)
-    aborted = _aborted(markers[kind == schema.MARKER_ABORTED])
-    mine = markers[kind == schema.MARKER_DROPPED_ROWS]
+    if last_steps is None:
+        last_steps = markers.groupby(markers["rank"].astype("int64"))["step"].max()
+    found = [_aborted(markers[kind == schema.MARKER_ABORTED]),
+             _stopped(markers[kind.isin(STOP_MARKERS)], last_steps),
+             _dropped(markers[kind == schema.MARKER_DROPPED_ROWS])]
+    found = [f for f in found if len(f)]
+    if not found:
+        return empty()
+    return pd.concat(found, ignore_index=True) if len(found) > 1 else found[0]
+
+
+def _dropped(mine: pd.DataFrame) -> pd.DataFrame:
+    """``dropped_rows`` markers: a schema-1 writer's drops, or chunks the reader skipped."""
     if not len(mine):
-        return aborted
+        return empty()
     ranks = mine["rank"].to_numpy().astype(np.int64)
     details = [_detail(d, r) for d, r in zip(mine["detail"].astype(str), ranks, strict=True)]
-    fields = COLUMNS[1:-1]
+    fields = COLUMNS[1:-2]
     out = pd.DataFrame([[d.get(f) for f in fields] for d in details], columns=fields)
     out.insert(0, "rank", ranks)
     out["num_rows"] = mine["count"].to_numpy().astype(np.int64)
+    out["cause"] = [UNREADABLE if "unreadable_chunk" in d else DROPPED for d in details]
     # A run without a step range (not a number) says nothing about where it was: skip it.
     out[fields[1:]] = out[fields[1:]].apply(pd.to_numeric, errors="coerce")
     out = out.dropna(subset=fields[1:])
     out = out.astype({c: "int64" for c in fields[1:]})
-    out = out.drop_duplicates().reset_index(drop=True)[COLUMNS]
-    return pd.concat([out, aborted], ignore_index=True) if len(aborted) else out
+    return out.drop_duplicates().reset_index(drop=True)[COLUMNS]
+
+
+def _stopped(markers: pd.DataFrame, last_steps: pd.Series) -> pd.DataFrame:
+    """A stopped recording: every table, from its marker to the last step the rank reached."""
+    if not len(markers):
+        return empty()
+    first = markers.sort_values(["step", "micro_step"]).drop_duplicates("rank")
+    ranks = first["rank"].to_numpy().astype(np.int64)
+    steps = first["step"].to_numpy().astype(np.int64)
+    last = last_steps.reindex(ranks).fillna(0).to_numpy().astype(np.int64)
+    one = pd.DataFrame({"rank": ranks, "first_step": steps,
+                        "first_micro_step": first["micro_step"].to_numpy().astype(np.int64),
+                        "last_step": np.maximum(last, steps),
+                        "last_micro_step": MAX_MICRO_STEP, "num_rows": 0, "cause": STOPPED})
+    out = pd.concat([one.assign(table=table) for table in schema.TABLES], ignore_index=True)
+    return out[COLUMNS]
 
 
 def _aborted(markers: pd.DataFrame) -> pd.DataFrame:
@@ -77,7 +116,7 @@ def _aborted(markers: pd.DataFrame) -> pd.DataFrame:
                         "first_step": markers["step"].to_numpy().astype(np.int64),
                         "first_micro_step": markers["micro_step"].to_numpy().astype(np.int64)})
     one = one.assign(last_step=one["first_step"], last_micro_step=one["first_micro_step"],
-                     num_rows=0)
+                     num_rows=0, cause=ABORTED)
     out = pd.concat([one.assign(table=table) for table in schema.TABLES], ignore_index=True)
     return out[COLUMNS]
 
@@ -96,13 +135,16 @@ def _detail(text: str, rank: int) -> dict[str, Any]:
 
 
 def from_arrow(markers: pa.Table) -> pd.DataFrame:
-    """``parse`` on Arrow markers: only the few drop markers become pandas, not the table."""
+    """``parse`` on Arrow markers: only the few loss markers become pandas, not the table."""
     if not markers.num_rows:
         return empty()
     kind = pc.cast(markers.column("kind"), pa.string())
-    drops = markers.filter(pc.is_in(kind, pa.array([schema.MARKER_DROPPED_ROWS,
-                                                    schema.MARKER_ABORTED])))
-    return parse(drops.to_pandas()) if drops.num_rows else empty()
+    losses = markers.filter(pc.is_in(kind, pa.array(_LOSS_MARKERS)))
+    if not losses.num_rows:
+        return empty()
+    last = markers.group_by("rank").aggregate([("step", "max")]).to_pandas()
+    last_steps = pd.Series(last["step_max"].to_numpy(), index=last["rank"].astype("int64"))
+    return parse(losses.to_pandas(), last_steps)
 
 
 def in_micro_steps(ranges: pd.DataFrame, tables: tuple[str, ...], rank: np.ndarray,
@@ -120,7 +162,7 @@ def in_steps(ranges: pd.DataFrame, tables: tuple[str, ...], rank: np.ndarray,
              step: np.ndarray) -> np.ndarray:
     """Mask of rows whose (rank, step) has an incomplete micro-step in ``tables``: for the
     checks that judge a whole optimizer step (its forwards, its boundary snapshot)."""
-    whole = ranges.assign(first_micro_step=0, last_micro_step=_STEP_SCALE - 1)
+    whole = ranges.assign(first_micro_step=0, last_micro_step=MAX_MICRO_STEP)
     return in_micro_steps(whole, tables, rank, step, np.zeros(len(step), dtype=np.int64))
 
 
@@ -129,7 +171,7 @@ def _keys(rank: np.ndarray | pd.Series, step: np.ndarray | pd.Series,
     def ints(values: np.ndarray | pd.Series) -> np.ndarray:
         return np.asarray(values).astype(np.int64)
 
-    return ints(rank) * _RANK_SCALE + ints(step) * _STEP_SCALE + ints(micro_step)
+    return rank_step_key(ints(rank), ints(step), ints(micro_step))
 
 
 def _inside(key: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
@@ -141,21 +183,11 @@ def _inside(key: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     return (found >= 0) & (key <= high[np.maximum(found, 0)])
 
 
-def cut_off_micro_steps(tables: RankTables) -> pd.DataFrame:
-    """Per rank whose ending is not clean: the micro-step its recording stopped in (``rank,
-    step, micro_step``) and the ``phase`` of its last event, i.e. the cut-off pass."""
-    from fsdptrace.checks.positions import last_positions
-
-    last = last_positions(tables.events)
-    stopped = last[~last["rank"].isin(list(tables.closed))]
-    return stopped[["rank", "step", "micro_step", "phase"]].astype(
-        {"rank": "int64", "step": "int64", "micro_step": "int64"}).reset_index(drop=True)
-
-
 def outside(frame: pd.DataFrame, cut: pd.DataFrame, table: str, ranges: pd.DataFrame
             ) -> pd.DataFrame:
-    """Rows of ``frame`` (rank, step, micro_step) outside the ``cut`` micro-steps and outside
-    the micro-steps whose ``table`` rows the writer lost or ``reset_iter_state()`` aborted."""
+    """Rows of ``frame`` (rank, step, micro_step) outside the ``cut`` micro-steps (rank, step,
+    micro_step) and outside the micro-steps whose ``table`` rows the writer lost or
+    ``reset_iter_state()`` aborted."""
     if not len(frame):
         return frame
     rank, step = frame["rank"].to_numpy(), frame["step"].to_numpy()

@@ -14,11 +14,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fsdptrace.key_ranges import MAX_MICRO_STEP, MAX_STEP, MICRO_STEP_BITS, STEP_BITS
+
 KEY_LIMIT = 1 << 62  # products of column sizes past this are re-coded densely
-# Micro-steps one optimizer step may hold in a ``step_key``; a ``progress_key`` leaves room for
-# two phases of up to 100,000 calls each inside every micro-step.
-MICRO_STEPS_PER_STEP = 1_000_000
-_CALLS_PER_PHASE = 100_000
+# A ``step_key`` holds every (step, micro_step) the reader accepts (``key_ranges``), so no two
+# pairs share a key. A ``place_key`` orders stop points: a slot per step (eval interval, then
+# the step's passes: one bit more than a step), the micro-step, a phase (forward, backward,
+# boundary) and a call position, in 63 bits.
+MICRO_STEPS_PER_STEP = MAX_MICRO_STEP + 1
+_STEP_KEYS_PER_RANK = (MAX_STEP + 1) * MICRO_STEPS_PER_STEP
+_PHASES = 4
+_POSITION_BITS = 63 - (STEP_BITS + 1) - MICRO_STEP_BITS - 2
+_CALLS_PER_PHASE = 1 << _POSITION_BITS
 
 
 def step_key(step: Any, micro_step: Any) -> Any:
@@ -29,10 +36,29 @@ def step_key(step: Any, micro_step: Any) -> Any:
     return _int64(step) * MICRO_STEPS_PER_STEP + _int64(micro_step)
 
 
-def progress_key(step: Any, micro_step: Any, phase_rank: Any, position: Any) -> Any:
-    """A sortable int64 for how far a rank got: (step, micro_step, phase, position)."""
-    return ((step_key(step, micro_step) * 10 + _int64(phase_rank)) * _CALLS_PER_PHASE
-            + _int64(position))
+def rank_step_key(rank: Any, step: Any, micro_step: Any) -> Any:
+    """One sortable int64 per (rank, step, micro_step), ranks outermost."""
+    return _int64(rank) * _STEP_KEYS_PER_RANK + step_key(step, micro_step)
+
+
+def place_key(kind: Any, step: Any, micro_step: Any, phase_rank: Any, position: Any) -> Any:
+    """A sortable int64 for a stop point (``checks.stops``): kind ``pass`` (step, micro_step,
+    phase, position), ``eval`` (``step`` the eval interval, ``position`` its index) or
+    ``boundary`` (after optimizer step ``step``).
+
+    Step ``k``'s passes come after eval interval ``k`` (which follows boundary ``k - 1``) and
+    before boundary ``k``: slot ``2k`` holds eval interval ``k``, slot ``2k + 1`` step ``k``.
+    """
+    kind = np.asarray(kind, dtype=object)
+    step, micro, phase, position = (np.asarray(v).astype(np.int64)
+                                    for v in (step, micro_step, phase_rank, position))
+    is_eval, is_boundary = kind == "eval", kind == "boundary"
+    slot = np.where(is_eval, 2 * step, 2 * step + 1)
+    micro = np.where(is_eval, 0, np.where(is_boundary, MICRO_STEPS_PER_STEP - 1, micro))
+    phase = np.where(is_eval, 0, np.where(is_boundary, _PHASES - 1, phase))
+    position = np.where(is_boundary, _CALLS_PER_PHASE - 1,
+                        np.minimum(position, _CALLS_PER_PHASE - 1))
+    return ((slot * MICRO_STEPS_PER_STEP + micro) * _PHASES + phase) * _CALLS_PER_PHASE + position
 
 
 def _int64(values: Any) -> Any:

@@ -1,5 +1,5 @@
-"""Order primitives the across-ranks checks share on pandas frames: first differences,
-majorities, unit sets, how far a rank got.
+"""Order primitives the across-ranks checks share on pandas frames: first differences, unit
+sets (majorities: ``checks.majority``).
 
 An order is never materialized as a Python list per group; it is a
 ``(rank, step, micro_step, phase, position, unit)`` frame, and comparing two orders is a merge.
@@ -8,13 +8,12 @@ Positions themselves are computed on code columns (``checks.positions``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
-from fsdptrace import schema
-from fsdptrace.checks import keys
-
 GROUP = ["rank", "step", "micro_step", "phase"]
-_PHASE_RANK = {schema.FORWARD: 0, schema.BACKWARD: 1}
+END = "<end>"  # what a side that ended early has at an index
 
 
 def first_difference(left: pd.DataFrame, right: pd.DataFrame, on: list[str]) -> pd.DataFrame:
@@ -35,8 +34,8 @@ def first_difference(left: pd.DataFrame, right: pd.DataFrame, on: list[str]) -> 
     return pd.DataFrame({
         **{c: first[c].to_numpy() for c in on},
         "index": first["position"].to_numpy(),
-        "left_unit": first["unit_left"].astype(object).fillna("<end>").to_numpy(),
-        "right_unit": first["unit_right"].astype(object).fillna("<end>").to_numpy(),
+        "left_unit": first["unit_left"].astype(object).fillna(END).to_numpy(),
+        "right_unit": first["unit_right"].astype(object).fillna(END).to_numpy(),
     })
 
 
@@ -50,33 +49,12 @@ def unit_sets(units: pd.DataFrame) -> pd.DataFrame:
     return sets.rename("unit_set").reset_index()
 
 
-def majority(groups: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
-    """Per group, the most common ``value``; ties go to the value held by the lowest rank.
-
-    Returns ``keys + [value, "reference_rank", "num_agree"]``.
-    """
-    counts = groups.groupby(keys + [value], observed=True, sort=False).agg(
-        num_agree=("rank", "size"), reference_rank=("rank", "min")
-    ).reset_index()
-    counts = counts.sort_values(keys + ["num_agree", "reference_rank"],
-                                ascending=[True] * len(keys) + [False, True])
-    return counts.drop_duplicates(keys, keep="first")
-
-
-def outside_majority(rows: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
-    """Rows of groups that two or more ranks share whose ``value`` differs from the group's
-    most common one (``majority``), which each keeps as ``reference``: the divergence checks'
-    comparison."""
-    rows = rows[rows.groupby(keys)["rank"].transform("size") >= 2]
-    if not len(rows):
-        return rows.assign(reference=pd.Series(dtype=object))
-    best = majority(rows, keys, value).rename(columns={value: "reference"})
-    rows = rows.merge(best, on=keys)
-    return rows[rows[value] != rows["reference"]]
-
-
-def progress_key(step: pd.Series, micro_step: pd.Series, phase: pd.Series,
-                 position: pd.Series) -> pd.Series:
-    """A sortable number for how far a rank got (step, micro-step, phase, position)."""
-    phase_rank = phase.astype(object).map(_PHASE_RANK).fillna(0).astype("int64")
-    return keys.progress_key(step, micro_step, phase_rank, position)
+def first_difference_of(left: Sequence[str], right: Sequence[str]) -> tuple[int, str, str]:
+    """Two orders held as lists (an eval interval, a stopped pass): the first index where
+    they differ and each side's unit there (``<end>`` past a side's end)."""
+    for index in range(max(len(left), len(right))):
+        mine = left[index] if index < len(left) else END
+        theirs = right[index] if index < len(right) else END
+        if mine != theirs:
+            return index, mine, theirs
+    raise AssertionError("the orders differ, so some index does")

@@ -105,7 +105,7 @@ def _issued_by(rows: pd.DataFrame, allgathers: pd.DataFrame | None) -> pd.DataFr
     none = pd.DataFrame({c: pd.Series("", index=rows.index, dtype=object) for c in columns})
     if allgathers is None or not len(allgathers):
         return none
-    from fsdptrace.checks.wasted_prefetch import issuer_text, plain
+    from fsdptrace.allgather_summary import issuer_text, plain
 
     issues = plain(allgathers)
     issues = issues[issues["event"] == "issue"].sort_values(["step", "seq"])

@@ -1,4 +1,4 @@
-"""Orders on code columns: positions, first positions, signatures, where each rank stopped.
+"""Orders on code columns: positions, first positions, signatures.
 
 Every call kept, in order, per pass (a unit's first and last call are masks), and the order
 signatures the cross-rank comparison starts from. Rows are
@@ -16,12 +16,12 @@ import numpy as np
 import pandas as pd
 
 from fsdptrace.checks import incomplete
-from fsdptrace.checks.columns import Columns, first_mask, fold, lookup
+from fsdptrace.checks.columns import Columns, distinct_ranks, first_mask, fold, lookup
 from fsdptrace.checks.keys import step_key
 from fsdptrace.checks.order import GROUP
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.rank_view import RankView
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -73,9 +73,9 @@ class Positions:
         return out
 
 
-def complete_positions(tables: RankTables) -> Positions:
-    """Position the complete orders only: stalled ranks' last micro-step was cut off, and
-    micro-steps the writer lost events from are gaps, not orders the job ran."""
+def complete_positions(tables: RankView) -> Positions:
+    """Position the complete orders only: the pass each stalled rank stopped in is cut off,
+    and micro-steps the writer lost events from are gaps, not orders the job ran."""
     events = tables.events
     keep = _complete_rows(tables)
     rows = np.arange(len(events)) if keep is None else np.flatnonzero(keep)
@@ -93,8 +93,10 @@ def complete_positions(tables: RankTables) -> Positions:
     return positions
 
 
-def _complete_rows(tables: RankTables) -> np.ndarray | None:
+def _complete_rows(tables: RankView) -> np.ndarray | None:
     """Mask of events in complete orders, or None when every event is (the usual case)."""
+    from fsdptrace.checks.stops import cut_off_passes
+
     events = tables.events
     rank, step, micro = events["rank"], events["step"], events["micro_step"]
     stalled = set(distinct_ranks(rank)) - tables.closed
@@ -102,18 +104,11 @@ def _complete_rows(tables: RankTables) -> np.ndarray | None:
         return None
     keep = ~incomplete.in_micro_steps(tables.incomplete, ("events",), rank, step, micro)
     key = step_key(step, micro)
-    for r in stalled:  # a handful of ranks at most
-        mine = rank == r
-        keep &= ~(mine & (key == key[mine].max()))
+    for cut in cut_off_passes(tables).itertuples(index=False):  # a handful of ranks at most
+        phase = tables.vocab.code(cut.phase)
+        keep &= ~((rank == cut.rank) & (key == step_key(cut.step, cut.micro_step))
+                  & (events["phase"] == phase))
     return None if keep.all() else keep
-
-
-def distinct_ranks(rank: np.ndarray) -> list[int]:
-    """Distinct ranks, sorted; the map step holds one, so that case skips hashing."""
-    if not len(rank):
-        return []
-    low, high = int(rank.min()), int(rank.max())
-    return [low] if low == high else sorted(pd.unique(rank).tolist())
 
 
 def _group_positions(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,29 +157,6 @@ def signatures(positions: Positions, vocab_names: list[str]) -> pd.DataFrame:
     out["signature"] = sums.astype(np.uint64)
     out["length"] = counts.astype(np.int64)
     return out
-
-
-def last_positions(events: Columns) -> pd.DataFrame:
-    """``stalled_rank.last_positions``: per rank, the last unit entered and its position."""
-    if not len(events):
-        return pd.DataFrame(columns=GROUP + ["unit", "position", "t_ns"])
-    rank, seq = events["rank"], events["seq"]
-    last, counts = [], []
-    for r in distinct_ranks(rank):  # one rank per map step, a few in a Trace
-        mine = np.flatnonzero(rank == r)
-        row = int(mine[np.argmax(seq[mine])])
-        same = np.ones(len(mine), dtype=bool)
-        for column in GROUP[1:]:
-            same &= events[column][mine] == events[column][row]
-        last.append(row)
-        counts.append(int(same.sum()))
-    counts_array = np.array(counts, dtype=np.int64)
-    out = events.frame(np.array(last, dtype=np.int64))[GROUP + ["unit", "t_ns"]]
-    out["rank"] = out["rank"].astype("int64")
-    out["phase"] = out["phase"].astype(str)
-    out["unit"] = out["unit"].astype(str)
-    out["position"] = counts_array - 1
-    return out[GROUP + ["unit", "position", "t_ns"]].reset_index(drop=True)
 
 
 def first_differences(pos: Positions, left: list[np.ndarray], right: list[np.ndarray],

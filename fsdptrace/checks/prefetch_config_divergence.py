@@ -12,7 +12,7 @@ from fsdptrace.checks import findings, keys
 from fsdptrace.checks.columns import first_mask, fold
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
 from fsdptrace.checks.keys import step_key
-from fsdptrace.checks.order import majority
+from fsdptrace.checks.majority import against_majority, compared_with
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -136,11 +136,7 @@ def compare(signatures: pd.DataFrame, unit_sets: pd.DataFrame,
     sigs = effective(signatures).merge(
         unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
     slot = ["unit_set", "step", "micro_step"]
-    sigs["num_ranks"] = sigs.groupby(slot)["rank"].transform("size")
-    sigs = sigs[sigs["num_ranks"] >= 2]
-    best = majority(sigs, slot, "signature").rename(columns={"signature": "majority"})
-    sigs = sigs.merge(best, on=slot)
-    odd = sigs[sigs["signature"] != sigs["majority"]]
+    odd = against_majority(sigs, slot, "signature")
     # One finding per rank and distinct configuration, at the first step it was seen.
     odd = odd.sort_values(["rank", "step", "micro_step"]).drop_duplicates(["rank", "signature"])
     if not len(odd):
@@ -156,9 +152,8 @@ def compare(signatures: pd.DataFrame, unit_sets: pd.DataFrame,
         phase=lambda f: f["phase"].astype(str), target=lambda f: f["target"].astype(str))
     odd["diff"] = _differences(odd, _target_lists(_compared(plain, odd))).to_numpy()
     message = ("rank " + odd["rank"].astype(str) + " prefetch edges (from step "
-               + odd["step"].astype(str) + ") differ from " + odd["num_agree"].astype(str)
-               + " of " + odd["num_ranks"].astype(str) + " ranks (e.g. rank "
-               + odd["reference_rank"].astype(str) + "): " + odd["diff"]
+               + odd["step"].astype(str) + ") differ from " + compared_with(odd) + ": "
+               + odd["diff"]
                + "; configure prefetch identically on every rank")
     return findings.make(NAME, SEVERITY, odd, message)
 

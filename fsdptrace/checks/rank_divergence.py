@@ -11,25 +11,23 @@ import pandas as pd
 
 from fsdptrace.checks import findings, keys
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.order import GROUP, first_difference, majority
+from fsdptrace.checks.majority import against_majority, compared_with
+from fsdptrace.checks.order import GROUP, first_difference
 
 NAME = "rank-divergence"
 SEVERITY = findings.ERROR
 _SLOT = ["unit_set", "step", "micro_step", "phase"]
+_REFERENCE = ["reference_rank", "num_agree", "num_ranks", "tied", "reference_ranks", "sides"]
 
 
 def divergent(signatures: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     """Minority (rank, step, micro_step, phase) orders with their group's reference rank."""
     if not len(signatures):
-        return pd.DataFrame(columns=GROUP + ["reference_rank", "num_agree", "num_ranks"])
+        return pd.DataFrame(columns=GROUP + _REFERENCE)
     sigs = signatures.assign(rank=signatures["rank"].astype("int64"),
                              phase=signatures["phase"].astype(str))
     sigs = sigs.merge(unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
-    sigs["num_ranks"] = sigs.groupby(_SLOT)["rank"].transform("size")
-    sigs = sigs[sigs["num_ranks"] >= 2]
-    best = majority(sigs, _SLOT, "signature").rename(columns={"signature": "majority"})
-    sigs = sigs.merge(best, on=_SLOT)
-    return sigs[sigs["signature"] != sigs["majority"]]
+    return against_majority(sigs, _SLOT, "signature")
 
 
 def check(merged: Merged) -> pd.DataFrame:
@@ -64,16 +62,15 @@ def compare(signatures: pd.DataFrame, unit_sets: pd.DataFrame, orders: pd.DataFr
     right = plain.rename(columns={"rank": "reference_rank"}).merge(
         right_keys, on=["reference_rank", "step", "micro_step", "phase"])
     diff = first_difference(left, right, GROUP)
-    rows = diff.merge(minority[GROUP + ["reference_rank", "num_agree", "num_ranks"]], on=GROUP)
+    rows = diff.merge(minority[GROUP + _REFERENCE], on=GROUP)
     rows["position"] = rows["index"]
     rows["unit"] = rows["left_unit"]
     rows["target"] = rows["right_unit"]
     message = ("rank " + rows["rank"].astype(str) + " ran " + rows["left_unit"] + " at index "
                + rows["index"].astype(str) + " of step " + rows["step"].astype(str)
                + ", micro-step " + rows["micro_step"].astype(str) + " " + rows["phase"]
-               + " where " + rows["num_agree"].astype(str) + " of " + rows["num_ranks"].astype(str)
-               + " ranks (e.g. rank " + rows["reference_rank"].astype(str) + ") ran "
-               + rows["right_unit"] + ": collectives pair up across ranks in the wrong order "
+               + " where " + compared_with(rows) + " ran " + rows["right_unit"]
+               + ": collectives pair up across ranks in the wrong order "
                + "(hang, or silently swapped parameters); make the execution order "
                + "independent of the rank")
     return findings.make(NAME, SEVERITY, rows, message)

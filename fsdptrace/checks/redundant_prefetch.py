@@ -1,11 +1,12 @@
 """Check 9, redundant-prefetch: a configured prefetch that did nothing for a whole step.
 
 FSDP2's ``unshard()`` returns early when the group is unsharded or its all-gather is pending,
-so such an edge costs nothing but does nothing either. An edge that was a no-op at every call
-of its source in every micro-step of an optimizer step is dead configuration that hides which
-edge really gathers the target; one that did its work in some micro-step is not. No-ops of a
-target that stays unsharded by design (``reshard_after_forward=False``,
-``reshard_after_backward=False`` during accumulation, from ``settings``) are not dead either.
+so such an edge costs nothing but does nothing either. An edge that did its work at no call of
+its source in an optimizer step, and was a no-op because something else had gathered its
+target at one or more, is dead configuration that hides which edge really gathers the target;
+one that did its work in some micro-step is not. A no-op of a target that stays unsharded by
+design (``reshard_after_forward=False``, ``reshard_after_backward=False`` during accumulation,
+from ``settings``) is neither work nor proof.
 Only configured edges count (``issuer_kind == 'prefetch'``); FSDP2's implicit prefetch is not
 configuration. Needs the ``allgathers`` table.
 """
@@ -16,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from fsdptrace.allgather_summary import issuer_text, plain, with_occurrence
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
 from fsdptrace.checks.settings import value_at
-from fsdptrace.checks.wasted_prefetch import issuer_text, plain, with_occurrence
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -43,18 +44,24 @@ _EDGE = ["rank", "step", "phase", "issuer_unit", "unit"]
 
 def redundant(allgathers: pd.DataFrame, events: pd.DataFrame, *,
               settings: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One finding per (rank, step, edge) whose every prefetch attempt in the step was a no-op
-    FSDP2 made of a target gathered by something else."""
+    """One finding per (rank, step, edge) that did no work in the step and was a no-op FSDP2
+    made of a target gathered by something else at one call or more."""
     if not len(allgathers):
         return findings.empty()
     rows = plain(allgathers)
     tried = rows[(rows["issuer_kind"] == "prefetch") & rows["event"].isin(["issue", "noop"])]
     noop = (tried["event"] == "noop") & tried["detail"].isin(list(_STATES))
-    noop &= ~_by_design(tried, settings if settings is not None else pd.DataFrame())
-    dead = noop.groupby([tried[c] for c in _EDGE]).transform("all")
-    noops = tried[noop & dead]
+    design = noop & _by_design(tried, settings if settings is not None else pd.DataFrame())
+    # A by-design no-op is neither work nor proof: the edge is dead when it did no work at
+    # any call of the step and was a no-op for another reason at one or more.
+    edge = [tried[c] for c in _EDGE]
+    worked = (~noop).groupby(edge).transform("any")
+    proof = (noop & ~design).groupby(edge).transform("any")
+    noops = tried[noop & ~design & ~worked & proof]
     if not len(noops):
         return findings.empty()
+    num_by_design = design[~worked & proof].groupby(
+        [tried.loc[~worked & proof, c] for c in _EDGE]).sum().rename("num_by_design")
     noops = with_occurrence(_with_gatherer(noops, rows), events)
     gatherer = noops[["gatherer_kind", "gatherer_unit"]].set_axis(
         ["issuer_kind", "issuer_unit"], axis=1)
@@ -64,12 +71,19 @@ def redundant(allgathers: pd.DataFrame, events: pd.DataFrame, *,
         micro_step=("micro_step", "first"), detail=("detail", "first"),
         num_calls=("calls", "nunique"), num_micro_steps=("micro_step", "nunique"),
         by=("by", lambda b: ", ".join(dict.fromkeys(b)))).reset_index()
+    edges = edges.merge(num_by_design.reset_index(), on=_EDGE, how="left")
+    design_text = pd.Series(
+        [f"; at {int(n)} other call(s) {target} stayed unsharded by design (neither work nor "
+         "proof)" if n else "" for n, target in zip(edges["num_by_design"].fillna(0),
+                                                    edges["unit"], strict=True)],
+        index=edges.index, dtype=object)
     message = (edges["issuer_unit"] + "'s " + edges["phase"] + " prefetch of " + edges["unit"]
-               + " did nothing in step " + edges["step"].astype(str) + ": at all "
+               + " did nothing in step " + edges["step"].astype(str) + ": at "
                + edges["num_calls"].astype(str) + " call(s) of " + edges["issuer_unit"]
                + " in " + edges["num_micro_steps"].astype(str) + " micro-step(s), "
                + edges["detail"].map(_STATES) + " (gathered by " + edges["by"]
-               + "), so FSDP2 made it a no-op: dead configuration; remove " + edges["unit"]
+               + "), so FSDP2 made it a no-op" + design_text
+               + "; it did its work at no call: dead configuration; remove " + edges["unit"]
                + " from " + edges["issuer_unit"] + "'s " + edges["phase"]
                + " prefetch targets, or fix the edge that gathers it")
     located = edges.assign(target=edges["unit"], unit=edges["issuer_unit"])

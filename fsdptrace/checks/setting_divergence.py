@@ -3,7 +3,9 @@
 One rank skipping gradient sync, keeping parameters unsharded or using another mesh shape
 issues other collectives than its peers. Reads ``settings`` (a row per change): the value in
 effect at a micro-step is the last row at or before it. Ranks are compared where some rank's
-setting changed: between changes every rank's values stay as they were compared last.
+setting changed (between changes every rank's values stay as they were compared last), and
+only at a point each compared rank recorded: a rank that stopped mid-backward is compared for
+the units whose post-backward it reached, never with a value another rank recorded later.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from fsdptrace.checks import findings, incomplete
 from fsdptrace.checks.columns import fold
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
 from fsdptrace.checks.keys import step_key
-from fsdptrace.checks.order import outside_majority
+from fsdptrace.checks.majority import against_majority, compared_with
+from fsdptrace.checks.stops import cut_off_passes
 
 if TYPE_CHECKING:
     from fsdptrace.checks.tables import RankTables
@@ -27,11 +30,16 @@ NAME = "setting-divergence"
 SEVERITY = findings.ERROR
 _SUMMARY = ["rank", "step", "micro_step", "unit", "setting", "value"]
 _SLOT = ["step", "micro_step", "unit", "setting"]
+# Settings one call changes together (``set_requires_gradient_sync`` flips
+# ``requires_all_reduce`` too): one cause, reported as one finding under the first name.
+_CAUSE = {"requires_all_reduce": "requires_gradient_sync"}
 
 
 def summarize(tables: RankTables) -> pd.DataFrame:
-    """The rank's settings rows (the last of each micro-step), plus one row per micro-step it
-    ran (null ``unit``/``setting``): where its values can be compared."""
+    """The rank's settings rows (the last of each micro-step) and the points where its values
+    can be compared (null ``setting``): a micro-step whose backward it completed (null
+    ``unit``: every unit's backward), and in the pass it stopped in, each unit whose
+    post-backward it recorded (the settings are read there)."""
     if not tables.sizes["settings"]:
         return pd.DataFrame(columns=_SUMMARY)
     raw = tables.frame("settings")
@@ -42,23 +50,35 @@ def summarize(tables: RankTables) -> pd.DataFrame:
     # Of several rows in one micro-step (a change between forward and backward), the last is
     # what the micro-step's collectives used.
     rows = rows.drop_duplicates(["rank", "step", "micro_step", "unit", "setting"], keep="last")
-    seen = _micro_steps(tables)
-    return pd.concat([rows, seen.assign(unit=None, setting=None, value=None)],
+    points = [_completed_micro_steps(tables).assign(unit=None), _stopped_backwards(tables)]
+    return pd.concat([rows, *(p.assign(setting=None, value=None) for p in points)],
                      ignore_index=True)[_SUMMARY]
 
 
-def _micro_steps(tables: RankTables) -> pd.DataFrame:
-    """(rank, step, micro_step) the rank ran, outside aborted or lost micro-steps; a stalled
-    rank's last micro-step only if its forward was complete (the settings are read at its
-    begin, so its cut-off backward does not make them any less what the rank was about to do)."""
+def _completed_micro_steps(tables: RankTables) -> pd.DataFrame:
+    """(rank, step, micro_step) the rank ran, but the one it stopped in and aborted or lost
+    micro-steps: its settings there are the values its collectives used."""
     events = tables.events
     (key,) = fold([[events[c]] for c in ("rank", "step", "micro_step")])
     _, first = np.unique(key, return_index=True)
     seen = pd.DataFrame({c: events[c][first].astype(np.int64)
                          for c in ("rank", "step", "micro_step")})
-    cut = incomplete.cut_off_micro_steps(tables)
-    cut = cut[cut["phase"] == schema.FORWARD]
-    return incomplete.outside(seen, cut, "settings", tables.incomplete)
+    return incomplete.outside(seen, cut_off_passes(tables), "settings", tables.incomplete)
+
+
+def _stopped_backwards(tables: RankTables) -> pd.DataFrame:
+    """(rank, step, micro_step, unit): units whose post-backward a rank recorded in the
+    backward it stopped in; ``backward_grads`` rows are written right there."""
+    cut = cut_off_passes(tables)
+    cut = cut[cut["phase"] == schema.BACKWARD]
+    if not len(cut) or not tables.sizes["backward_grads"]:
+        return pd.DataFrame(columns=["rank", "step", "micro_step", "unit"])
+    grads = tables.frame("backward_grads")
+    done = pd.DataFrame({"rank": grads["rank"].astype("int64"),
+                         "step": grads["step"].astype("int64"),
+                         "micro_step": grads["micro_step"].astype("int64"),
+                         "unit": grads["unit"].astype(str)}).drop_duplicates()
+    return done.merge(cut[["rank", "step", "micro_step"]], on=["rank", "step", "micro_step"])
 
 
 def check(merged: Merged) -> pd.DataFrame:
@@ -67,11 +87,16 @@ def check(merged: Merged) -> pd.DataFrame:
 
 
 def in_effect(summary: pd.DataFrame) -> pd.DataFrame:
-    """Each rank's value of every (unit, setting) some rank changed at a micro-step it ran."""
+    """Each rank's value of every (unit, setting) some rank changed, at each point it
+    recorded there (a micro-step it completed, or a unit's backward where it stopped)."""
     has_row = summary["setting"].notna()
-    rows, seen = summary[has_row], summary[~has_row][["rank", "step", "micro_step"]]
+    rows, points = summary[has_row], summary[~has_row]
     changed = rows[_SLOT].drop_duplicates()
-    grid = seen.merge(changed, on=["step", "micro_step"])
+    whole = points[points["unit"].isna()][["rank", "step", "micro_step"]]
+    units = points[points["unit"].notna()][["rank", "step", "micro_step", "unit"]]
+    grid = pd.concat([whole.merge(changed, on=["step", "micro_step"]),
+                      units.merge(changed, on=["step", "micro_step", "unit"])],
+                     ignore_index=True)
     if not len(grid):
         return grid.assign(value=None)
     grid = grid.assign(key=step_key(grid["step"], grid["micro_step"])).sort_values("key")
@@ -91,20 +116,38 @@ def compare(summary: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
         return findings.empty()
     group = ["unit_set", *_SLOT]
     values = values.merge(unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
-    differs = outside_majority(values, group, "value")
+    differs = against_majority(values, group, "value")
     if not len(differs):
         return findings.empty()
-    return _report(differs.sort_values(["step", "micro_step", "rank", "unit", "setting"])
-                   .reset_index(drop=True))
+    return _report(_one_per_cause(differs))
+
+
+def _one_per_cause(differs: pd.DataFrame) -> pd.DataFrame:
+    """Settings one call changed together become one row: their names and values joined."""
+    differs = differs.assign(cause=differs["setting"].map(_CAUSE).fillna(differs["setting"]),
+                             value=differs["value"].astype(str),
+                             reference=differs["reference"].astype(str))
+    differs = differs.sort_values(["step", "micro_step", "rank", "unit", "cause", "setting"],
+                                  key=lambda c: c.map(_setting_order) if c.name == "setting"
+                                  else c)
+    slot = ["step", "micro_step", "rank", "unit", "cause"]
+    joined = differs.groupby(slot, sort=False).agg(
+        setting=("setting", ", ".join), value=("value", ", ".join),
+        reference=("reference", ", ".join)).reset_index()
+    first = differs.drop_duplicates(slot).drop(columns=["setting", "value", "reference"])
+    return first.merge(joined, on=slot).reset_index(drop=True)
+
+
+def _setting_order(name: str) -> int:
+    return schema.SETTING_NAMES.index(name) if name in schema.SETTING_NAMES else 99
 
 
 def _report(rows: pd.DataFrame) -> pd.DataFrame:
     located = rows.assign(target=rows["setting"])
     message = ("rank " + rows["rank"].astype(str) + " ran step " + rows["step"].astype(str)
                + ", micro-step " + rows["micro_step"].astype(str) + " with " + rows["unit"]
-               + "'s " + rows["setting"] + " = " + rows["value"].astype(str) + ", where "
-               + rows["num_agree"].astype(str) + " rank(s), e.g. rank "
-               + rows["reference_rank"].astype(str) + ", had " + rows["reference"].astype(str)
+               + "'s " + rows["setting"] + " = " + rows["value"] + ", where "
+               + compared_with(rows) + " had " + rows["reference"]
                + ": the ranks then issue different collectives for " + rows["unit"]
                + " (one reduces or gathers while another does not, or over another mesh) and "
                + "hang or exchange the wrong tensors; set " + rows["setting"] + " the same way "

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from fsdptrace.trace import Trace
 
 # Tables the checks read as pandas frames, whose sizes say whether to read them at all.
-SIZED = ("pending", "allgathers", "backward_grads", "eval_forwards", "settings")
+SIZED = ("pending", "allgathers", "backward_grads", "eval_forwards", "settings", "collectives")
 # Columns that name things (dictionary-encoded on disk): these become vocab codes.
 CODED = {name: [f.name for f in table if pa.types.is_dictionary(f.type)] + (
     ["unit"] if name == "units" else [])
@@ -62,8 +62,15 @@ class RankTables:
         return self.vocab.code(name)
 
     @cached_property
+    def stops(self) -> pd.DataFrame:
+        """Every rank's stop point (``checks.stops.stop_points``), clean or not."""
+        from fsdptrace.checks.stops import stop_points
+
+        return stop_points(self)
+
+    @cached_property
     def complete(self) -> Positions:
-        """Positions of complete orders (stalled ranks' cut-off tails dropped): checks 1, 4, 7."""
+        """Positions of complete orders (stalled ranks' cut-off passes dropped): checks 1, 4, 7."""
         from fsdptrace.checks.positions import complete_positions
 
         return complete_positions(self)
@@ -133,6 +140,19 @@ class RankTables:
         have, want = fold([[pos.column(c), wanted[c].to_numpy().astype(np.int64)]
                            for c in GROUP[:-1]] + [[pos.column("phase"), phase]])
         return pos.frame(np.isin(have, want))
+
+    def orders_of_stopped(self, rank: int, step: int, micro_step: int, phase: str
+                          ) -> pd.DataFrame:
+        """The pass a rank stopped in, as recorded (it is no complete order): ``rank, step,
+        micro_step, phase, position, unit``."""
+        events = self.events
+        mine = np.flatnonzero((events["rank"] == rank) & (events["step"] == step)
+                              & (events["micro_step"] == micro_step)
+                              & (events["phase"] == self.vocab.code(phase)))
+        mine = mine[np.argsort(events["seq"][mine], kind="stable")]
+        out = events.frame(mine)[["rank", "step", "micro_step", "phase", "unit"]]
+        return out.assign(phase=out["phase"].astype(str), unit=out["unit"].astype(str),
+                          position=np.arange(len(mine)))
 
     @classmethod
     def from_arrow(cls, tables: dict[str, pa.Table],

@@ -18,6 +18,7 @@ from fsdptrace import unsharded
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
 from fsdptrace.checks.tables import RankTables
+from fsdptrace.sizes import human_bytes
 
 NAME = "unsharded-excess"
 SEVERITY = findings.WARNING
@@ -79,7 +80,7 @@ def _messages(rows: pd.DataFrame, kept: set[tuple[int, str]]) -> list[str]:
 
 
 def _mib(num_bytes: object) -> str:
-    return f"{int(num_bytes) / 2**20:.2f} MiB"  # type: ignore[call-overload]
+    return human_bytes(num_bytes)  # KiB for small models: "0.00 MiB" said nothing
 
 
 CHECK = Check(13, NAME, SEVERITY, PER_RANK,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from fsdptrace.allgather_summary import call_label, paired, plain, repeated_call, with_occurrence
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
 
@@ -23,62 +24,9 @@ NAME = "wasted-prefetch"
 SEVERITY = findings.WARNING
 # Issuers that are prefetches: configured edges and FSDP2's implicit backward prefetch.
 # Forward prefetches fired again by checkpoint recompute are ``recompute`` and not counted:
-# CHECKS.md keeps recompute out of forward findings.
+# docs/checks.md keeps recompute out of forward findings.
 PREFETCH_KINDS = ("prefetch", "implicit")
 _PASS = ["step", "micro_step", "phase"]
-_ORDINALS = {1: "first", 2: "second", 3: "third", 4: "fourth", 5: "fifth"}
-
-
-def plain(allgathers: pd.DataFrame) -> pd.DataFrame:
-    """Categoricals as plain strings and ints as int64, so joins never trip on categories."""
-    out = allgathers.copy()
-    for column in ("phase", "unit", "event", "issuer_kind", "issuer_unit", "detail"):
-        if column in out:
-            out[column] = out[column].astype(object).astype(str)
-    for column in ("rank", "step", "micro_step", "group", "seq", "t_ns", "num_bytes"):
-        if column in out:
-            out[column] = out[column].astype("int64")
-    return out
-
-
-def with_occurrence(rows: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
-    """Add ``occurrence``: which call of the issuing unit in that pass issued the row.
-
-    The recorder writes a unit's entry before FSDP's pre-forward/pre-backward runs, so the
-    issuing call is the source's latest entry with a smaller seq in the same pass.
-    """
-    if not len(rows):
-        return rows.assign(occurrence=pd.Series(dtype="Int64"))
-    keys = ["rank", *_PASS, "issuer_unit"]
-    entries = events.assign(
-        rank=events["rank"].astype("int64"), step=events["step"].astype("int64"),
-        micro_step=events["micro_step"].astype("int64"), phase=events["phase"].astype(str),
-        issuer_unit=events["unit"].astype(str), entry_seq=events["seq"].astype("int64"),
-    )[[*keys, "entry_seq"]].sort_values("entry_seq")
-    entries["occurrence"] = entries.groupby(keys).cumcount() + 1
-    left = rows.assign(issuer_unit=rows["issuer_unit"].fillna("").astype(str),
-                       phase=rows["phase"].astype(str)).sort_values("seq")
-    merged = pd.merge_asof(left, entries, left_on="seq", right_on="entry_seq", by=keys,
-                           direction="backward")
-    merged["occurrence"] = merged["occurrence"].astype("Int64")
-    return merged.drop(columns="entry_seq")
-
-
-def call_label(rows: pd.DataFrame) -> pd.Series:
-    """'second call of tok_embeddings in forward' (or 'a call of ...' when unknown)."""
-    ordinal = rows["occurrence"].map(
-        lambda n: "a" if pd.isna(n) else _ORDINALS.get(int(n), f"{int(n)}th"))
-    return ordinal + " call of " + rows["issuer_unit"].astype(str) + " in " + rows["phase"]
-
-
-def paired(allgathers: pd.DataFrame) -> pd.DataFrame:
-    """Each issue with the consume or drop that ended it (``end_*`` columns; NaN if none)."""
-    life = allgathers[allgathers["event"].isin(["issue", "consume", "drop"])]
-    life = life.sort_values(["rank", "unit", "group", "seq"])
-    after = life.groupby(["rank", "unit", "group"], sort=False).shift(-1)
-    ends = after[["event", "step", "micro_step", "phase", "t_ns", "detail"]].add_prefix("end_")
-    out = pd.concat([life, ends], axis=1)
-    return out[out["event"] == "issue"]
 
 
 def check(tables: RankTables) -> pd.DataFrame:
@@ -125,22 +73,9 @@ def _messages(rows: pd.DataFrame) -> pd.Series:
                                     "implicit": "implicitly prefetched (FSDP2 default)"})
     return (call_label(rows) + " " + kind + " " + rows["unit"] + " (" + size + " bytes), "
             + fate + " after holding it " + held_ms + " ms: the gather overlapped nothing; "
-            + "prefetch " + rows["unit"] + " only from the call that runs right before it")
-
-
-def issuer_text(rows: pd.DataFrame) -> pd.Series:
-    """Who issued an all-gather, in words ('manual unshard()', 'prefetch from layers.0')."""
-    source = rows["issuer_unit"].fillna("?").astype(str)
-    kind = rows["issuer_kind"].astype(str)
-    return pd.Series(
-        "its own pre-forward/pre-backward" if k == "own"
-        else "manual unshard()" if k == "manual"
-        else f"prefetch from {s}" if k == "prefetch"
-        else f"FSDP2's implicit backward prefetch from {s}" if k == "implicit"
-        else f"checkpoint recompute of {s}" if k == "recompute"
-        else "an unknown caller"
-        for k, s in zip(kind, source, strict=True)
-    ).set_axis(rows.index)
+            + "prefetch " + rows["unit"] + " only from the "
+            + pd.Series("call", index=rows.index).where(repeated_call(rows), "unit")
+            + " that runs right before it")
 
 
 CHECK = Check(8, NAME, SEVERITY, PER_RANK,
