@@ -2,8 +2,8 @@
 
 ``fsdptrace.attach`` records (light: torch and pyarrow only). ``fsdptrace.load`` and
 ``fsdptrace.analyze`` read and check a run dir; ``analyze`` returns an ``Analysis``, which
-``Analysis.write`` writes in any of ``FORMATS``. They import pandas on first use, so a
-training process that only records never pays for it.
+``fsdptrace.write(analysis, "report.html")`` writes in any of ``FORMATS``. They import pandas on
+first use, so a training process that only records never pays for it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from fsdptrace.record.attach import attach
     from fsdptrace.record.recorder import Recorder
     from fsdptrace.render.formats import FORMATS
+    from fsdptrace.render.formats import save as write
     from fsdptrace.result import Analysis
     from fsdptrace.run_diff import RunDiff, diff
     from fsdptrace.trace import Trace, load
@@ -30,6 +31,7 @@ _LAZY = {
     "analyze": ("fsdptrace.analysis", "analyze"),
     "Analysis": ("fsdptrace.result", "Analysis"),
     "FORMATS": ("fsdptrace.render.formats", "FORMATS"),
+    "write": ("fsdptrace.render.formats", "save"),
     "incomplete_ranges": ("fsdptrace.analysis", "incomplete_ranges"),
     "diff": ("fsdptrace.run_diff", "diff"),
     "RunDiff": ("fsdptrace.run_diff", "RunDiff"),
@@ -50,6 +52,7 @@ __all__ = [
     "diff",
     "incomplete_ranges",
     "load",
+    "write",
 ]
 
 

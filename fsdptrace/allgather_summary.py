@@ -3,17 +3,18 @@
 Answers the questions the ``allgathers`` table exists for before any check fires: does a unit
 get gathered more often per optimizer step than its calls need (a wasted or repeated
 prefetch), and how many bytes of gathered-but-unconsumed parameters a rank holds over time.
-Pure functions over the table, so a notebook and ``fsdptrace summary`` share them.
+Pure functions over the table, so a notebook and ``fsdptrace summary`` share them, and the
+row helpers (``plain``, ``paired``, ``with_occurrence``, ``issuer_text``, ``call_label``) that
+checks 3, 8 and 9 read the table through: facts of the table, not of any one check.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from fsdptrace.checks.wasted_prefetch import plain
-
 ISSUER_KINDS = ("own", "prefetch", "implicit", "manual", "recompute", "other")
 _PER_STEP = ["rank", "step", "unit"]
+_ORDINALS = {1: "first", 2: "second", 3: "third", 4: "fourth", 5: "fifth"}
 
 
 def per_step(allgathers: pd.DataFrame) -> pd.DataFrame:
@@ -78,3 +79,82 @@ def overview_line(allgathers: pd.DataFrame) -> str:
     if not numbers:
         return "not recorded"
     return ", ".join(f"{key.replace('_', ' ')} {value:,}" for key, value in numbers.items())
+
+
+def plain(allgathers: pd.DataFrame) -> pd.DataFrame:
+    """Categoricals as plain strings and ints as int64, so joins never trip on categories."""
+    out = allgathers.copy()
+    for column in ("phase", "unit", "event", "issuer_kind", "issuer_unit", "detail"):
+        if column in out:
+            out[column] = out[column].astype(object).astype(str)
+    for column in ("rank", "step", "micro_step", "group", "seq", "t_ns", "num_bytes"):
+        if column in out:
+            out[column] = out[column].astype("int64")
+    return out
+
+
+def with_occurrence(rows: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    """Add ``occurrence``: which call of the issuing unit in that pass issued the row, and
+    ``num_calls``: how many times it ran in that pass (a "call" is only worth naming when
+    there are several).
+
+    The recorder writes a unit's entry before FSDP's pre-forward/pre-backward runs, so the
+    issuing call is the source's latest entry with a smaller seq in the same pass.
+    """
+    if not len(rows):
+        return rows.assign(occurrence=pd.Series(dtype="Int64"), num_calls=pd.Series(dtype="Int64"))
+    keys = ["rank", "step", "micro_step", "phase", "issuer_unit"]
+    entries = events.assign(
+        rank=events["rank"].astype("int64"), step=events["step"].astype("int64"),
+        micro_step=events["micro_step"].astype("int64"), phase=events["phase"].astype(str),
+        issuer_unit=events["unit"].astype(str), entry_seq=events["seq"].astype("int64"),
+    )[[*keys, "entry_seq"]].sort_values("entry_seq")
+    entries["occurrence"] = entries.groupby(keys).cumcount() + 1
+    entries["num_calls"] = entries.groupby(keys)["entry_seq"].transform("size")
+    left = rows.assign(issuer_unit=rows["issuer_unit"].fillna("").astype(str),
+                       phase=rows["phase"].astype(str)).sort_values("seq")
+    merged = pd.merge_asof(left, entries, left_on="seq", right_on="entry_seq", by=keys,
+                           direction="backward")
+    merged["occurrence"] = merged["occurrence"].astype("Int64")
+    merged["num_calls"] = merged["num_calls"].astype("Int64")
+    return merged.drop(columns="entry_seq")
+
+
+def call_label(rows: pd.DataFrame) -> pd.Series:
+    """'second call of tok_embeddings in forward' (or 'a call of ...' when unknown), and
+    just 'layers.2 in forward' for a unit that ran once in the pass."""
+    ordinal = rows["occurrence"].map(
+        lambda n: "a" if pd.isna(n) else _ORDINALS.get(int(n), f"{int(n)}th"))
+    unit = rows["issuer_unit"].astype(str)
+    called = (ordinal + " call of " + unit).where(repeated_call(rows), unit)
+    return called + " in " + rows["phase"]
+
+
+def repeated_call(rows: pd.DataFrame) -> pd.Series:
+    """Whether the issuing unit ran more than once in the pass (unknown counts as yes)."""
+    return rows["num_calls"].isna() | (rows["num_calls"] > 1)
+
+
+def paired(allgathers: pd.DataFrame) -> pd.DataFrame:
+    """Each issue with the consume or drop that ended it (``end_*`` columns; NaN if none)."""
+    life = allgathers[allgathers["event"].isin(["issue", "consume", "drop"])]
+    life = life.sort_values(["rank", "unit", "group", "seq"])
+    after = life.groupby(["rank", "unit", "group"], sort=False).shift(-1)
+    ends = after[["event", "step", "micro_step", "phase", "t_ns", "detail"]].add_prefix("end_")
+    out = pd.concat([life, ends], axis=1)
+    return out[out["event"] == "issue"]
+
+
+def issuer_text(rows: pd.DataFrame) -> pd.Series:
+    """Who issued an all-gather, in words ('manual unshard()', 'prefetch from layers.0')."""
+    source = rows["issuer_unit"].fillna("?").astype(str)
+    kind = rows["issuer_kind"].astype(str)
+    return pd.Series(
+        "its own pre-forward/pre-backward" if k == "own"
+        else "manual unshard()" if k == "manual"
+        else f"prefetch from {s}" if k == "prefetch"
+        else f"FSDP2's implicit backward prefetch from {s}" if k == "implicit"
+        else f"checkpoint recompute of {s}" if k == "recompute"
+        else "an unknown caller"
+        for k, s in zip(kind, source, strict=True)
+    ).set_axis(rows.index)

@@ -21,11 +21,13 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdptrace import schema
-from fsdptrace.errors import SkippedChunkWarning
+from fsdptrace import journal_read, schema
+from fsdptrace.errors import SkippedChunkWarning, UnreadableChunkError
+from fsdptrace.journal_hot import SEGMENT_SUFFIX
+from fsdptrace.key_ranges import MAX_MICRO_STEP
 
 # Micro-steps a gap covers at its edges: all of them (the chunk's own are unknown).
-_LAST_MICRO_STEP = (1 << 20) - 1
+_LAST_MICRO_STEP = MAX_MICRO_STEP
 
 
 class SkippedChunk(NamedTuple):
@@ -71,8 +73,9 @@ def note(chunk: SkippedChunk) -> None:
         return
     _skipped[chunk.path] = chunk
     if _announce:
+        what = "journal segment" if chunk.path.name.endswith(SEGMENT_SUFFIX) else "Parquet"
         warnings.warn(
-            f"skipping {chunk.path}: unreadable Parquet ({chunk.reason}); it is truncated or "
+            f"skipping {chunk.path}: unreadable {what} ({chunk.reason}); it is truncated or "
             "corrupt - the steps it covered count as incomplete", SkippedChunkWarning,
             stacklevel=2)
 
@@ -117,19 +120,20 @@ def gap_markers(parts: dict[str, list[Path]], rank: int, *, last_step: int, t_ns
                 unprobed.append(path)
                 continue
             try:
-                spans[path] = _step_span(pq.ParquetFile(path).metadata)
-            except (pa.ArrowException, OSError) as error:
+                spans[path] = _span(path, table)
+            except (pa.ArrowException, OSError, UnreadableChunkError) as error:
                 if not path.exists():
                     continue  # a writer's compaction replaced it after we listed: not damage
-                reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                reason = getattr(error, "reason", None) or (
+                    str(error).strip().splitlines() or [type(error).__name__])[0]
                 note(SkippedChunk(path, table, rank, reason))
                 bad[path] = table
     if not bad:
         return None
     for path in unprobed:  # a neighbour of a gap: its steps bound the gap
         try:
-            spans[path] = _step_span(pq.ParquetFile(path).metadata)
-        except (pa.ArrowException, OSError):
+            spans[path] = _span(path, next(t for t, files in parts.items() if path in files))
+        except (pa.ArrowException, OSError, UnreadableChunkError):
             continue  # replaced since it was read: no bound from it
     capped = {p: (min(s[0], last_step), min(s[1], last_step)) if s else None
               for p, s in spans.items()}
@@ -151,6 +155,13 @@ def _gap_row(path: Path, table: str, files: list[Path],
     # seq -1: before every real marker, so "how the recording ended" still reads the last one.
     return {"seq": -1, "step": first, "micro_step": 0,
             "kind": schema.MARKER_DROPPED_ROWS, "count": 0, "detail": json.dumps(detail)}
+
+
+def _span(path: Path, table: str) -> tuple[int, int] | None:
+    """(first, last) step of a chunk: a Parquet part's footer, a journal segment's rows."""
+    if path.name.endswith(SEGMENT_SUFFIX):
+        return journal_read.step_span(path, table)
+    return _step_span(pq.ParquetFile(path).metadata)
 
 
 def _step_span(metadata: pq.FileMetaData) -> tuple[int, int] | None:

@@ -16,6 +16,7 @@ from typing import TypeVar
 import pandas as pd
 
 from fsdptrace import schema, unsharded
+from fsdptrace.checks.keys import step_key
 from fsdptrace.errors import RunDirError
 from fsdptrace.record.steps import StepWindow
 from fsdptrace.trace import Trace
@@ -90,8 +91,7 @@ def _at(frame: pd.DataFrame, at: MicroStep) -> pd.DataFrame:
 
 
 def _last_at_or_before(frame: pd.DataFrame, at: MicroStep) -> pd.DataFrame:
-    key = frame["step"].astype("int64") * 1_000_000 + frame["micro_step"].astype("int64")
-    return frame[key <= at[0] * 1_000_000 + at[1]]
+    return frame[step_key(frame["step"], frame["micro_step"]) <= step_key(*at)]
 
 
 def _orders(events: pd.DataFrame, at: MicroStep) -> Orders | None:

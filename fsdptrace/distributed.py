@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fsdptrace import analysis, chunk_gaps, reader
+from fsdptrace import chunk_gaps, map_step, reader
+from fsdptrace.env import CONNECT_TIMEOUT_ENV
 from fsdptrace.errors import FsdptraceError
 
 # How long to wait for a scheduler to answer: ``FSDPTRACE_DASK_CONNECT_TIMEOUT`` (seconds).
-CONNECT_TIMEOUT_ENV = "FSDPTRACE_DASK_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 
 INSTALL_HINT = ("--scheduler needs Dask distributed, which is not installed: "
@@ -53,7 +53,7 @@ def _connect_timeout_s() -> float:
 
 def map_distributed(run_dir: Path, ranks: list[int], names: list[str], scheduler: Any,
                     progress: Callable[[int, int], None] | None = None
-                    ) -> list[analysis.RankSummary]:
+                    ) -> list[map_step.RankSummary]:
     """The map step of ``fsdptrace.analyze(run_dir, scheduler=...)``, one task per rank.
 
     ``scheduler``: ``tcp://HOST:PORT`` of a running scheduler, or a ``distributed.Client``.
@@ -66,9 +66,9 @@ def map_distributed(run_dir: Path, ranks: list[int], names: list[str], scheduler
     try:
         from distributed import as_completed
 
-        pieces = analysis.rank_pieces(ranks, max(1, sum(client.nthreads().values())))
+        pieces = map_step.rank_pieces(ranks, max(1, sum(client.nthreads().values())))
         highest = reader.highest_meta_rank(path)
-        futures = [client.submit(analysis.map_ranks, path, piece, names, highest_rank=highest,
+        futures = [client.submit(map_step.map_ranks, path, piece, names, highest_rank=highest,
                                  pure=False) for piece in pieces]
         size = {future.key: len(piece) for future, piece in zip(futures, pieces, strict=True)}
         done = 0
@@ -77,7 +77,7 @@ def map_distributed(run_dir: Path, ranks: list[int], names: list[str], scheduler
             done += size[future.key]
             if progress:
                 progress(done, len(ranks))
-        summaries: list[analysis.RankSummary] = [s for future in futures
+        summaries: list[map_step.RankSummary] = [s for future in futures
                                                  for s in future.result()]
         for summary in summaries:  # what the workers skipped is said here, once
             for chunk in summary.skipped:

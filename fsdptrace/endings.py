@@ -1,10 +1,11 @@
 """How each rank's recording ended: the one place that reads it from the markers.
 
-CHECKS.md's *ending*: clean (training finished, the recorder closed with no micro-step open),
+docs/checks.md's *ending*: clean (training finished, the recorder closed with no micro-step open),
 crashed (an exception, with its type and message), terminated (a handled signal), closed
-mid-step (a close with a micro-step open), or killed or hung (no ending recorded: SIGKILL,
-SIGABRT, a segfault, the OOM killer, a hang, or still running). Every ending but clean makes the
-rank's last pass a cut-off pass.
+mid-step (a close with a micro-step open), died by a fatal signal (SIGABRT, SIGSEGV, SIGBUS,
+SIGFPE, SIGILL: read from the rank's faulthandler dump, ``fatal_signals``), or killed or hung
+(no ending recorded: SIGKILL, the OOM killer, a hang, or still running). Every ending but
+clean makes the rank's last pass a cut-off pass.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ CRASHED = "crashed"
 TERMINATED = "terminated"
 CLOSED_MID_STEP = "closed mid-step"
 KILLED_OR_HUNG = "killed or hung"
+FATAL_SIGNAL = "died by a fatal signal"
 
 _BY_KIND = {schema.MARKER_CLOSE: CLEAN, schema.MARKER_CRASH: CRASHED,
-            schema.MARKER_TERMINATED: TERMINATED, schema.MARKER_CLOSED_MID_STEP: CLOSED_MID_STEP}
+            schema.MARKER_TERMINATED: TERMINATED, schema.MARKER_CLOSED_MID_STEP: CLOSED_MID_STEP,
+            schema.MARKER_FATAL_SIGNAL: FATAL_SIGNAL}
 COLUMNS = ["rank", "ending", "detail", "step", "micro_step"]
 
 
@@ -84,5 +87,7 @@ def describe(endings: pd.DataFrame) -> pd.Series:
     ending = endings["ending"]
     text = text.mask(ending == CRASHED, "crashed (" + detail + ")")
     text = text.mask(ending == TERMINATED, "was terminated by " + detail)
+    # Not cut to 300 characters: the innermost frames are what a person reads first.
+    text = text.mask(ending == FATAL_SIGNAL, "died by " + endings["detail"].astype(str))
     text = text.mask(ending == CLOSED_MID_STEP, "closed the recorder mid-step (" + detail + ")")
     return text.mask(ending == CLEAN, "closed cleanly")

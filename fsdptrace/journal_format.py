@@ -38,7 +38,7 @@ FRAME = struct.Struct("<I")
 # The largest framed record a reader accepts: bounds what garbage can make it allocate.
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
-FIXED_TABLES = ("events", "allgathers", "backward_grads", "eval_forwards")
+FIXED_TABLES = ("events", "allgathers", "backward_grads", "eval_forwards", "collectives")
 
 
 def _code(kind: pa.DataType) -> str:

@@ -7,6 +7,7 @@ file" and "written by a newer fsdptrace".
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from fsdptrace import chunk_gaps, journal_hot, journal_read, schema, validate
+from fsdptrace import chunk_gaps, fatal_signals, journal_hot, journal_read, schema, validate
 from fsdptrace.errors import RunDirError, UnreadableChunkError
 from fsdptrace.journal_format import JOURNAL_DIR, RANGE_PART_NAME
 from fsdptrace.record.run_dirs import launch_dirs
@@ -98,8 +99,8 @@ def part_files(partition: Path) -> list[Path]:
     writer is skipped: a compaction was interrupted after its rename.
     """
     files = sorted(p for p in partition.iterdir() if p.is_file() and _PART_FILE.match(p.name))
-    ranges = covered_ranges(files)
-    return [p for p in files if not _inside_another(p, ranges)]
+    inside = _inside_others(covered_ranges(files))
+    return [p for p in files if not _in(p, inside)]
 
 
 def covered_ranges(files: list[Path]) -> dict[str, list[tuple[int, int]]]:
@@ -113,13 +114,25 @@ def covered_ranges(files: list[Path]) -> dict[str, list[tuple[int, int]]]:
     return ranges
 
 
-def _inside_another(path: Path, ranges: dict[str, list[tuple[int, int]]]) -> bool:
-    match = RANGE_PART_NAME.match(path.name)
-    if not match:
-        return False
-    first, last = int(match["first"]), int(match["last"])
-    return any(a <= first and last <= b and (a, b) != (first, last)
-               for a, b in ranges[match["writer"]])
+def _inside_others(ranges: dict[str, list[tuple[int, int]]]) -> set[tuple[str, int, int]]:
+    """(writer, first, last) of each range inside another range of its writer: one sort per
+    writer, so thousands of parts are listed in time proportional to their number."""
+    inside = set()
+    for writer, spans in ranges.items():
+        # Sorted by first, longest first: a range lies inside another exactly when a range
+        # before it reaches as far (equal ranges are one part: set).
+        reach = -1
+        for first, last in sorted(set(spans), key=lambda s: (s[0], -s[1])):
+            if reach >= last:
+                inside.add((writer, first, last))
+            reach = max(reach, last)
+    return inside
+
+
+def _in(path: Path, inside: set[tuple[str, int, int]]) -> bool:
+    match = RANGE_PART_NAME.match(path.name) if inside else None
+    return match is not None and (match["writer"], int(match["first"]),
+                                  int(match["last"])) in inside
 
 
 def read_file(path: Path, table: str, *, row_groups: list[int] | None = None,
@@ -179,10 +192,11 @@ def _open(path: Path, expected: pa.Schema, footer: pq.FileMetaData | None
     text = [f.name for f in expected if _is_text(f.type)]
     try:
         return pq.ParquetFile(path, metadata=footer, read_dictionary=text)
-    except KeyError:  # a declared text column is missing: name only those present
-        present = set(pq.ParquetFile(path, metadata=footer).schema_arrow.names)
-        return pq.ParquetFile(path, metadata=footer,
-                              read_dictionary=[n for n in text if n in present])
+    except KeyError:  # a declared text column is missing, or no text: name only text ones
+        plain = pq.ParquetFile(path, metadata=footer)
+        present = plain.schema_arrow
+        return pq.ParquetFile(path, metadata=plain.metadata, read_dictionary=[
+            n for n in text if n in present.names and _is_text(present.field(n).type)])
 
 
 def _is_text(kind: pa.DataType) -> bool:
@@ -224,13 +238,13 @@ def read_rank(run_dir: Path, table: str, rank: int, *, highest_rank: int | None 
         files = part_files(partition) if partition.is_dir() else []
         try:
             parts = _read_readable(files, table, rank)
-            parts += _journal_tail(segments, table, covered_ranges(files))
+            parts += _journal_tail(segments, table, covered_ranges(files), rank)
             break
         except (RunDirError, FileNotFoundError):
             listed = [*files, *segments.values()]
             if attempt + 1 == _RELIST_ATTEMPTS or all(p.exists() for p in listed):
                 raise
-    data = _concat(parts, schema.TABLES[table])
+    data = _concat(parts, table)
     if table == "meta":
         highest = highest_meta_rank(run_dir) if highest_rank is None else highest_rank
         validate.check_world_size(data, highest_rank=max(highest, rank), partition=partition)
@@ -245,7 +259,33 @@ def read_rank(run_dir: Path, table: str, rank: int, *, highest_rank: int | None 
                                           t_ns=first_t_ns)
         if gap_rows is not None:
             data = pa.concat_tables([data, gap_rows.cast(data.schema)]).unify_dictionaries()
+    if table == "markers":
+        data = _with_fatal_signal(data, run_dir, rank)
+    if not data.num_rows:  # thousands of ranks without this table: one shared empty table
+        return empty_table(table, ranked=True)
     return with_rank(data, rank)
+
+
+def _with_fatal_signal(markers: pa.Table, run_dir: Path, rank: int) -> pa.Table:
+    """The rank's markers and, if it died by a fatal signal, that ending as their last row.
+
+    The dying process could write no marker: the ending comes from its faulthandler dump
+    (``fatal_signals``), placed at the step and micro-step of the last marker recorded.
+    """
+    dump = fatal_signals.read_fatal_dump(run_dir, rank)
+    if dump is None:
+        return markers
+    last = {"seq": 0, "t_ns": 0, "step": 0, "micro_step": 0}
+    if markers.num_rows:
+        at = int(pc.index(markers.column("seq"), pc.max(markers.column("seq"))).as_py())
+        last = {c: int(markers.column(c)[at].as_py() or 0) for c in last}
+        last["t_ns"] = int(pc.max(markers.column("t_ns")).as_py() or 0)
+    row = pa.table({"seq": [last["seq"] + 1], "t_ns": [last["t_ns"] + 1],
+                    "step": [last["step"]], "micro_step": [last["micro_step"]],
+                    "kind": [schema.MARKER_FATAL_SIGNAL], "count": [0],
+                    "detail": [fatal_signals.marker_detail(dump)]})
+    row = row.cast(markers.schema.remove_metadata(), safe=False)
+    return pa.concat_tables([markers.cast(row.schema), row]).unify_dictionaries()
 
 
 def highest_meta_rank(run_dir: Path) -> int:
@@ -267,9 +307,16 @@ def _read_readable(files: list[Path], table: str, rank: int) -> list[pa.Table]:
 
 
 def _rank_parts(run_dir: Path, rank: int) -> dict[str, list[Path]]:
-    """Every table's chunk files of one rank."""
-    partitions = {t: run_dir / t / schema.RANK_DIR.format(rank=rank) for t in schema.TABLES}
-    return {t: part_files(p) for t, p in partitions.items() if p.is_dir()}
+    """Every table's chunk files of one rank, in order: Parquet parts, then the journal
+    segments no part covers (the tail a rank left; a skipped one is a gap like a part)."""
+    found = {}
+    for table in schema.TABLES:
+        partition = run_dir / table / schema.RANK_DIR.format(rank=rank)
+        files = part_files(partition) if partition.is_dir() else []
+        tail = tail_segments(journal_segments(run_dir, table, rank), covered_ranges(files))
+        if files or tail:
+            found[table] = files + tail
+    return found
 
 
 def journal_segments(run_dir: Path, table: str, rank: int
@@ -289,15 +336,28 @@ def journal_segments(run_dir: Path, table: str, rank: int
     return found
 
 
+def tail_segments(segments: dict[tuple[str, int], Path],
+                  ranges: dict[str, list[tuple[int, int]]]) -> list[Path]:
+    """Segments no part covers, in writing order (a deletion may have been cut)."""
+    return [path for (writer, index), path in sorted(segments.items())
+            if not any(a <= index <= b for a, b in ranges.get(writer, ()))]
+
+
 def _journal_tail(segments: dict[tuple[str, int], Path], table: str,
-                  ranges: dict[str, list[tuple[int, int]]]) -> list[pa.Table]:
-    """Rows a rank left in its journal: segments no part covers (a deletion may have been cut)."""
+                  ranges: dict[str, list[tuple[int, int]]], rank: int) -> list[pa.Table]:
+    """Rows a rank left in its journal; a segment that cannot be read is skipped with one
+    warning, its steps counted as incomplete (``chunk_gaps``), as an unreadable part is."""
     tail = []
-    for (writer, index), path in sorted(segments.items()):
-        if any(a <= index <= b for a, b in ranges.get(writer, ())):
+    for path in tail_segments(segments, ranges):
+        try:
+            data = journal_read.read_segment(path, table)
+        except UnreadableChunkError as error:
+            if not path.exists():
+                raise  # converted and removed while we read: list again
+            chunk_gaps.note(chunk_gaps.SkippedChunk(path, table, rank, error.reason))
             continue
-        data = journal_read.read_segment(path, table)
         validate.check_values(data, table=table, path=path)
+        chunk_gaps.read_whole(path)
         tail.append(data)
     return tail
 
@@ -308,16 +368,26 @@ def read_ranks(run_dir: Path, table: str, ranks: Iterable[int]) -> pa.Table:
 
 def concat_ranks(tables: list[pa.Table], table: str) -> pa.Table:
     """``read_rank`` results of several ranks as one table (a batch of the map step)."""
-    return _concat(tables, with_rank(schema.TABLES[table].empty_table(), 0).schema)
+    return _concat(tables, table, ranked=True)
 
 
-def _concat(tables: list[pa.Table], empty_schema: pa.Schema) -> pa.Table:
+def _concat(tables: list[pa.Table], table: str, *, ranked: bool = False) -> pa.Table:
+    tables = [t for t in tables if t.num_rows] or tables[:1]
     if not tables:
-        return empty_schema.remove_metadata().empty_table()
+        return empty_table(table, ranked=ranked)
     if len(tables) == 1:
         return tables[0]
     # No combine_chunks: to_pandas concatenates chunks anyway, a second copy costs time.
     return pa.concat_tables(tables).unify_dictionaries()
+
+
+@functools.cache
+def empty_table(table: str, *, ranked: bool = False) -> pa.Table:
+    """``table`` with no rows (and a ``rank`` column if ``ranked``), built once: a run of
+    5,000 ranks reads 70,000 rank tables, most of them empty, and building an empty table
+    costs more than reading a small Parquet part."""
+    empty = schema.TABLES[table].remove_metadata().empty_table()
+    return with_rank(empty, 0) if ranked else empty
 
 
 def with_rank(data: pa.Table, rank: int) -> pa.Table:

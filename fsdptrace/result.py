@@ -11,11 +11,10 @@ first use and kept.
 from __future__ import annotations
 
 import html
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -100,15 +99,6 @@ class Analysis:
         from fsdptrace.summary import overview
 
         return overview(self.trace)
-
-    def write(self, output: str | os.PathLike[str] | TextIO | None = None, *,
-              format: str | None = None) -> None:
-        """Write this analysis as one of ``fsdptrace.FORMATS`` (text, json, markdown, html,
-        chrome-trace): ``analysis.write("report.html")`` takes the format from the name;
-        ``None`` or ``"-"`` is stdout. A path is checked before anything is rendered."""
-        from fsdptrace.render.formats import save
-
-        save(self, output, format=format)
 
     def __repr__(self) -> str:
         where = self.run_dir if self.run_dir is not None else "a trace in memory"

@@ -49,13 +49,20 @@ MARKER_CLOSE = "close"  # clean: training finished, no micro-step open
 MARKER_CRASH = "crashed"  # detail: "Type: message"
 MARKER_TERMINATED = "terminated"  # detail: the signal's name
 MARKER_CLOSED_MID_STEP = "closed_mid_step"  # closed with a micro-step open
-ENDING_MARKERS = (MARKER_CLOSE, MARKER_CRASH, MARKER_TERMINATED, MARKER_CLOSED_MID_STEP)
+# Never written by a recorder: the reader folds a rank's fatal-signal dump in as this marker
+# (detail: ``fatal_signals.marker_detail``), since no code runs in the dying process to write it.
+MARKER_FATAL_SIGNAL = "fatal_signal"
+ENDING_MARKERS = (MARKER_CLOSE, MARKER_CRASH, MARKER_TERMINATED, MARKER_CLOSED_MID_STEP,
+                  MARKER_FATAL_SIGNAL)
 # ``reset_iter_state()`` abandoned the open micro-step: it is cut off, not run that way.
 MARKER_ABORTED = "aborted"
-MARKER_DROPPED = "dropped"
 # One per contiguous run of rows the writer dropped (detail: JSON; schema-1 run dirs only).
 MARKER_DROPPED_ROWS = "dropped_rows"
 MARKER_DISABLED = "recording_disabled"
+# The writer process ended without finishing (detail: how, and whether it was restarted), or
+# fell silent (stopped, a frozen filesystem): rows may be missing from the run dir alone.
+MARKER_WRITER_LOST = "writer_lost"
+MARKER_WRITER_STALLED = "writer_stalled"
 MARKER_GRAD_SYNC = "gradient_sync"
 
 _dict_str = pa.dictionary(pa.int32(), pa.string())
@@ -235,6 +242,34 @@ SETTING_NAMES = ("requires_gradient_sync", "requires_all_reduce", "is_last_backw
                  "reshard_after_forward", "reshard_after_backward",
                  "reduce_scatter_unused_params", "mesh_shape")
 
+# Every collective FSDP issues for a unit (all-gather, reduce-scatter, HSDP all-reduce), recorded
+# right before it is issued: its process group (``ProcessGroup.group_name``, as torch's Flight
+# Recorder names it) and that group's sequence number for it (``collective_seq``: what
+# ``_get_sequence_number_for_group()`` will read after it, the Flight Recorder's
+# ``collective_seq_id``). ``phase`` is ``eval`` for an eval forward's all-gathers (micro_step -1);
+# ``issuer_kind`` is who issued it (``allgathers``' kinds, or a backward's ``post_backward`` /
+# the root's ``end_of_backward`` for a unit whose backward did not run).
+COLLECTIVES = pa.schema(
+    [
+        ("seq", pa.int64()),
+        ("t_ns", pa.int64()),
+        ("step", pa.int32()),
+        ("micro_step", pa.int32()),
+        ("phase", _dict_str),
+        ("unit", _dict_str),
+        ("kind", _dict_str),
+        ("group", _dict_str),
+        ("collective_seq", pa.int64()),
+        ("issuer_kind", _dict_str),
+        ("issuer_unit", _dict_str),
+    ]
+)
+EVAL = "eval"
+COLLECTIVE_PHASES = (FORWARD, BACKWARD, EVAL)
+COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+COLLECTIVE_ISSUERS = ("own", "prefetch", "implicit", "manual", "other", "recompute",
+                      "post_backward", "end_of_backward")
+
 FINDINGS = pa.schema(
     [
         ("check", pa.string()),
@@ -262,6 +297,7 @@ TABLES: dict[str, pa.Schema] = {
     "grads_written": GRADS_WRITTEN,
     "eval_forwards": EVAL_FORWARDS,
     "settings": SETTINGS,
+    "collectives": COLLECTIVES,
 }
 
 # Tables a recorder always writes; a run dir without them is not a run dir.

@@ -5,6 +5,11 @@ reads the most common observed order of each phase, proposes "each unit prefetch
 that runs after it", says what differs from the edges configured now (add / remove / keep),
 and spells the proposal as the FSDP2 calls to paste into the training script.
 
+FSDP2 already prefetches in backward by itself: a unit with no backward targets configured
+gathers the unit before it in post-forward order (fsdp2_internals.md, section 7). A proposed
+edge FSDP2 was seen doing that way (an ``implicit`` all-gather in the recording) is
+``implicit``, not ``add``: pasting it would change nothing but the script's length.
+
 Unit names come from the run dir, and a person pastes this output into Python: names appear
 only as Python string literals (``repr``) or as attribute paths of ASCII identifiers, never
 raw and never inside a comment, where a newline would end the comment.
@@ -27,6 +32,7 @@ from fsdptrace.trace import Trace
 ADD = "add"
 REMOVE = "remove"
 KEEP = "keep"
+IMPLICIT = "implicit"  # FSDP2's default backward prefetch: nothing to add
 EDGE_COLUMNS = ["unit", "phase", "target"]
 DIFF_COLUMNS = ["unit", "phase", "target", "action"]
 ROOT = "<root>"
@@ -93,16 +99,35 @@ def configured_edges(trace: Trace) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def diff_edges(configured: pd.DataFrame, proposed: pd.DataFrame) -> pd.DataFrame:
-    """Per unit and phase: edges to add, to remove, and to keep."""
+def diff_edges(configured: pd.DataFrame, proposed: pd.DataFrame,
+               implicit: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per unit and phase: edges to add, to remove, to keep, and those FSDP2 already does by
+    default (``implicit``: proposed, not configured, and seen prefetched implicitly)."""
     merged = configured[EDGE_COLUMNS].astype(str).merge(
         proposed[EDGE_COLUMNS].astype(str), on=EDGE_COLUMNS, how="outer", indicator=True)
     action = merged["_merge"].astype(str).map({"left_only": REMOVE, "right_only": ADD,
                                                "both": KEEP})
+    if implicit is not None and len(implicit):
+        done = merged[EDGE_COLUMNS].merge(implicit[EDGE_COLUMNS].astype(str), how="left",
+                                          on=EDGE_COLUMNS, indicator="_done")["_done"]
+        action = action.where(~((action == ADD) & (done.to_numpy() == "both")), IMPLICIT)
     out = merged[EDGE_COLUMNS].assign(action=action)
     phase_rank = out["phase"].map({schema.FORWARD: 0, schema.BACKWARD: 1})
     out = out.assign(_phase=phase_rank).sort_values(["_phase", "unit", "action", "target"])
     return out[DIFF_COLUMNS].reset_index(drop=True)
+
+
+def implicit_edges(trace: Trace) -> pd.DataFrame:
+    """The backward edges FSDP2 prefetched by default in this run (all-gathers recorded as
+    ``implicit``, issued or found already pending); none without all-gather provenance."""
+    gathers = trace.allgathers
+    if not len(gathers):
+        return pd.DataFrame(columns=EDGE_COLUMNS, dtype="object")
+    implicit = gathers[gathers["issuer_kind"].astype(str) == IMPLICIT]
+    edges = pd.DataFrame({"unit": implicit["issuer_unit"].astype(str),
+                          "phase": implicit["phase"].astype(str),
+                          "target": implicit["unit"].astype(str)})
+    return edges.drop_duplicates().reset_index(drop=True)
 
 
 def suggest(trace: Trace) -> Suggestion:
@@ -111,8 +136,9 @@ def suggest(trace: Trace) -> Suggestion:
     backward = observed_order(trace, schema.BACKWARD)
     proposed = proposed_edges(forward, backward)
     configured = configured_edges(trace)
+    diff = diff_edges(configured, proposed, implicit=implicit_edges(trace))
     return Suggestion(forward_order=forward, backward_order=backward, proposed=proposed,
-                      configured=configured, diff=diff_edges(configured, proposed))
+                      configured=configured, diff=diff)
 
 
 def module_expression(unit: str, *, model: str = "model") -> str | None:
@@ -157,6 +183,10 @@ def prefetch_calls(suggestion: Suggestion, *, model: str = "model") -> list[str]
     """
     lines = []
     diff = suggestion.diff
+    # A unit whose wiring is only FSDP2's default needs no call: an explicit one would
+    # replace the default with the same edge.
+    diff = diff[diff.groupby(["phase", "unit"])["action"].transform(
+        lambda a: (a != IMPLICIT).any())]
     wanted = diff[diff["action"] != REMOVE]
     for phase, unit in diff[["phase", "unit"]].drop_duplicates().itertuples(index=False):
         targets = wanted[(wanted["phase"] == phase) & (wanted["unit"] == unit)]["target"]
@@ -175,18 +205,42 @@ def _call(unit: str, phase: str, targets: list[str], *, model: str) -> str:
     return f"{source}.{SETTERS[phase]}([{', '.join(e for e in exprs if e)}])"
 
 
-def write_suggestion(suggestion: Suggestion, out: TextIO, *, model: str = "model") -> None:
-    """The proposal as a person reads it: orders, the calls to paste, then the diff."""
+def write_suggestion(suggestion: Suggestion, out: TextIO, *, model: str = "model",
+                     types: dict[str, str] | None = None) -> None:
+    """The proposal as a person reads it: orders, the calls to paste, the diff, and apart,
+    what FSDP2 already does by default. ``types``: module types of positional unit names
+    (``fsdptrace.unit_names``), shown beside them."""
+    types = types or {}
+
+    def name(unit: str) -> str:
+        return repr(unit) + (f" ({types[unit]})" if unit in types else "")
+
     for phase, order in ((schema.FORWARD, suggestion.forward_order),
                          (schema.BACKWARD, suggestion.backward_order)):
-        out.write(f"observed {phase} order: " + " -> ".join(map(repr, order)) + "\n")
-    if not len(suggestion.diff):
+        out.write(f"observed {phase} order: " + " -> ".join(map(name, order)) + "\n")
+    diff = suggestion.diff
+    if not len(diff):
         out.write("\nno units ran: nothing to suggest\n")
         return
-    out.write("\n# prefetch matching the observed order (FSDP2):\n")
-    for line in prefetch_calls(suggestion, model=model):
-        out.write(line + "\n")
-    out.write("\n# against what is configured now:\n")
-    for row in suggestion.diff.itertuples(index=False):
-        sign = {ADD: "+", REMOVE: "-", KEEP: " "}[row.action]
-        out.write(f"{sign} {row.phase:<8} {row.unit!r} -> {row.target!r}  ({row.action})\n")
+    calls = prefetch_calls(suggestion, model=model)
+    changes = diff[diff["action"].isin([ADD, REMOVE])]
+    if len(changes):
+        out.write("\n# prefetch matching the observed order (FSDP2):\n")
+        for line in calls:
+            out.write(line + "\n")
+    else:
+        out.write("\nnothing to add or remove: the configured prefetch matches the observed "
+                  "order\n")
+    explicit = diff[diff["action"] != IMPLICIT]
+    if len(explicit):
+        out.write("\n# against what is configured now:\n")
+        for row in explicit.itertuples(index=False):
+            sign = {ADD: "+", REMOVE: "-", KEEP: " "}[row.action]
+            out.write(f"{sign} {row.phase:<8} {name(row.unit)} -> {name(row.target)}  "
+                      f"({row.action})\n")
+    implicit = diff[diff["action"] == IMPLICIT]
+    if len(implicit):
+        out.write("\n# FSDP2 already does these by default (implicit backward prefetch): "
+                  "nothing to add\n")
+        for row in implicit.itertuples(index=False):
+            out.write(f"  {row.phase:<8} {name(row.unit)} -> {name(row.target)}  (implicit)\n")

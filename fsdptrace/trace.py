@@ -15,12 +15,13 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from fsdptrace import reader, schema
+from fsdptrace import reader, schema, stack_dumps
 from fsdptrace.errors import RunDirError
+from fsdptrace.stack_dumps import StackCapture
 
 TABLE_NAMES = ("meta", "units", "events", "markers", "prefetch", "gradients", "pending",
                "allgathers", "findings", "backward_grads", "grads_written", "eval_forwards",
-               "settings")
+               "settings", "collectives")
 
 
 @dataclass
@@ -43,6 +44,11 @@ class Trace:
     grads_written: pd.DataFrame = field(default_factory=pd.DataFrame)
     eval_forwards: pd.DataFrame = field(default_factory=pd.DataFrame)
     settings: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # Every FSDP collective with its process group's sequence number (contract v3).
+    collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # Each rank's Python stacks a watcher captured while the run hung, oldest first
+    # (``fsdptrace.stack_dumps``); empty when none was taken.
+    stacks: dict[int, list[StackCapture]] = field(default_factory=dict)
 
     @property
     def ranks(self) -> list[int]:
@@ -82,7 +88,9 @@ class Trace:
         With ``step``, the edges in effect at that step's first micro-step; else every
         snapshot, with the (step, micro_step) it took effect.
         """
+        # A unit with no targets is a row with a null target, which made target_index float.
         edges = self.prefetch.dropna(subset=["target"])
+        edges = edges.assign(target_index=edges["target_index"].astype("int64"))
         if step is None:
             return edges.reset_index(drop=True)
         taken = edges[edges["step"] <= step]
@@ -135,14 +143,12 @@ class Trace:
                 f"{s['clean_close']} closed cleanly>")
 
     def _repr_html_(self) -> str:
-        from fsdptrace.analysis import analyze
-
-        s = self.summary()
-        num_findings = len(analyze(self).findings)
+        """The counts of ``summary()`` as a table. Findings are ``Analysis._repr_html_``'s:
+        a notebook cell showing a trace never runs the checks."""
         rows = "".join(
             f"<tr><th style='text-align:left'>{html.escape(str(k))}</th>"
             f"<td>{html.escape(str(v))}</td></tr>"
-            for k, v in {**s, "findings": num_findings}.items()
+            for k, v in self.summary().items()
         )
         return f"<b>fsdptrace.Trace</b><table>{rows}</table>"
 
@@ -167,7 +173,8 @@ def load(run_dir: str | os.PathLike[str], *, ranks: Iterable[int] | None = None)
     selected = sorted(ranks) if ranks is not None else reader.discover_ranks(path)
     tables = {name: read_frame(path, name, selected) for name in TABLE_NAMES}
     check_meta(tables["meta"], path)
-    return Trace(run_dir=path, **tables)
+    stacks = {r: c for r, c in stack_dumps.read_captures(path).items() if r in selected}
+    return Trace(run_dir=path, **tables, stacks=stacks)
 
 
 def check_meta(meta: pd.DataFrame, run_dir: Path) -> None:

@@ -148,16 +148,28 @@ def _lifecycle(allgathers: pd.DataFrame) -> pd.DataFrame:
     return rows.sort_values(["rank", "seq"], kind="stable")[TIMELINE_COLUMNS[:-1]]
 
 
-def summary_line(peak_rows: pd.DataFrame, rank: int) -> str | None:
-    """``rank R: peak unsharded X MiB (where, units) vs floor Y MiB`` for ``summary``."""
-    mine = peak_rows[peak_rows["rank"] == rank]
+def worst_passes(peak_rows: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, the pass with its highest peak; among passes with the same peak, the earliest
+    (the first time the run reached it). ``summary`` and the report both read this, so they
+    name the same step."""
+    ordered = peak_rows.sort_values("peak_bytes", ascending=False, kind="stable")
+    return ordered.groupby("rank", sort=True).head(1).sort_values("rank").reset_index(drop=True)
+
+
+def summary_line(peak_rows: pd.DataFrame, rank: int,
+                 types: dict[str, str] | None = None) -> str | None:
+    """``rank R: peak unsharded X (where, units); floor Y`` for ``summary``; ``types``: the
+    module types of positional unit names (``fsdptrace.unit_names``), shown beside them."""
+    from fsdptrace.sizes import human_bytes
+    from fsdptrace.unit_names import labeller
+
+    label = labeller(types or {})
+
+    mine = worst_passes(peak_rows[peak_rows["rank"] == rank])
     if not len(mine):
         return None
-    top = mine.loc[mine["peak_bytes"].idxmax()]
-    return (f"rank {rank}: peak unsharded parameters {_mib(top['peak_bytes'])} at step "
+    top = mine.iloc[0]
+    return (f"rank {rank}: peak unsharded parameters {human_bytes(top['peak_bytes'])} at step "
             f"{top['step']}, micro-step {top['micro_step']}, {top['phase']} "
-            f"({top['peak_units']}); floor {_mib(top['floor_bytes'])}")
-
-
-def _mib(num_bytes: int) -> str:
-    return f"{int(num_bytes) / 2**20:.2f} MiB"
+            f"({', '.join(label(u) for u in str(top['peak_units']).split(','))}); "
+            f"floor {human_bytes(top['floor_bytes'])}")

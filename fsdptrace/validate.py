@@ -27,12 +27,8 @@ import pyarrow.parquet as pq
 
 from fsdptrace import schema
 from fsdptrace.errors import RunDirError
+from fsdptrace.key_ranges import MAX_MICRO_STEP, MAX_RANK, MAX_STEP  # what the keys hold
 
-# Ranks fit the analyzer's int64 keys (``rank << 44``) with room to spare; no job is bigger.
-MAX_RANK = (1 << 19) - 1
-# Optimizer steps and micro-steps fit the checks' (step, micro_step) keys.
-MAX_STEP = (1 << 24) - 1
-MAX_MICRO_STEP = (1 << 20) - 1
 # Ranks a world size may claim beyond the highest rank with a meta partition: a bug report
 # may carry only some ranks of a big job, but not a world of millions from one file.
 MAX_MISSING_RANKS = 1 << 16
@@ -44,6 +40,10 @@ MIN_ROWS_ALLOWED = 1 << 16
 MAX_DECODED_BYTES_PER_BYTE = 64
 MIN_DECODED_BYTES_ALLOWED = 1 << 24
 MAX_ROW_GROUPS = 4096
+# An all-gather's parameter group (an index into the unit's groups) and its size: the memory
+# ledger sums bytes over thousands of calls, so a size past a petabyte is no recording.
+MAX_GROUP = 1 << 16
+MAX_BYTES = 1 << 50
 # A ``dropped_rows`` detail is a flat JSON object of a few fields.
 MAX_DETAIL_CHARS = 4096
 
@@ -59,11 +59,14 @@ NOT_NULL: dict[str, tuple[str, ...]] = {
     "prefetch": ("step", "micro_step", "unit", "phase"),
     "gradients": ("step", "micro_step", "unit", "param", "has_grad"),
     "pending": ("step", "micro_step", "unit"),
-    "allgathers": ("seq", "t_ns", "step", "micro_step", "phase", "unit", "event"),
+    "allgathers": ("seq", "t_ns", "step", "micro_step", "phase", "unit", "group", "event",
+                   "num_bytes"),
     "backward_grads": ("seq", "t_ns", "step", "micro_step", "unit", "state", "via"),
     "grads_written": ("step", "micro_step", "unit", "param", "written"),
     "eval_forwards": ("seq", "t_ns", "step", "unit", "grad_mode"),
     "settings": ("step", "micro_step", "unit", "setting"),
+    "collectives": ("seq", "t_ns", "step", "micro_step", "phase", "unit", "kind",
+                    "collective_seq"),
 }
 PHASE_TABLES = ("events", "prefetch", "allgathers")
 _STEP_TABLES = ("events", "markers", "prefetch", "gradients", "pending", "allgathers",
@@ -74,6 +77,8 @@ WORDS: dict[tuple[str, str], tuple[str, ...]] = {
     ("backward_grads", "via"): schema.GRAD_VIAS,
     ("eval_forwards", "grad_mode"): schema.GRAD_MODES,
     ("settings", "setting"): schema.SETTING_NAMES,
+    ("collectives", "phase"): schema.COLLECTIVE_PHASES,
+    ("collectives", "kind"): schema.COLLECTIVE_KINDS,
 }
 # A setting's value is a short JSON text (a bool, an int, a mesh shape).
 MAX_SETTING_CHARS = 256
@@ -192,6 +197,10 @@ def check_values(data: pa.Table, *, table: str, path: Path) -> None:
                               "(expected the target's position in its unit's list)")
         _check_range(data.filter(has_target), "target_index", 0, max(data.num_rows, 1),
                      path=path)
+    if table == "allgathers":
+        # -1: an HSDP unit gathers as a whole, with no parameter group (hsdp_provenance).
+        _check_range(data, "group", -1, MAX_GROUP, path=path)
+        _check_range(data, "num_bytes", 0, MAX_BYTES, path=path)
     if table == "meta":
         _check_range(data, "world_size", 1, MAX_RANK + 1, path=path)
 

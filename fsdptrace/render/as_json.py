@@ -18,6 +18,7 @@ from fsdptrace.checks.findings import COLUMNS, ERROR, WARNING
 from fsdptrace.version import __version__
 
 if TYPE_CHECKING:
+    from fsdptrace.causes import Cause
     from fsdptrace.result import Analysis
     from fsdptrace.suggest import Suggestion
 
@@ -60,24 +61,36 @@ def counts(findings: pd.DataFrame, checks: list[str]) -> dict[str, Any]:
 
 
 def document(analysis: Analysis) -> dict[str, Any]:
-    """``fsdptrace analyze --format json``: verdict, counts, every finding with its figures,
-    how each rank ended and which micro-steps were not checked."""
+    """``fsdptrace analyze --format json``: verdict, counts, every finding with its figures
+    and the group of its cause (``causes``), how each rank ended and which micro-steps were
+    not checked."""
+    from fsdptrace.causes import group
     from fsdptrace.checks.incomplete import COLUMNS as INCOMPLETE_COLUMNS
     from fsdptrace.endings import COLUMNS as ENDING_COLUMNS
     from fsdptrace.render.text import run_dir_label
     from fsdptrace.result import SUMMARY_MAX_RANKS
 
     findings, checks = analysis.findings, list(analysis.checks)
+    groups, causes = group(findings)
     # The run in numbers reads every table again: for small runs only.
     summary = dict(analysis.summary) if len(analysis.ranks) <= SUMMARY_MAX_RANKS else {}
     summary["num_findings"] = len(findings)
     return {**_header("analysis"), "run_dir": run_dir_label(analysis),
             "ranks": list(analysis.ranks), "world_size": analysis.world_size,
             "verdict": analysis.verdict, "checks": checks, "counts": counts(findings, checks),
-            "findings": records(findings, COLUMNS),
+            "findings": records(findings.assign(group=groups), [*COLUMNS, "group"]),
+            "causes": [_cause(c) for c in causes],
             "endings": records(analysis.endings, ENDING_COLUMNS),
             "incomplete": records(analysis.incomplete, INCOMPLETE_COLUMNS),
             "summary": summary}
+
+
+def _cause(cause: Cause) -> dict[str, Any]:
+    """One group of findings: ``shared`` when several checks report one cause (the text
+    outputs then tell it once, under the cause)."""
+    return {"group": cause.group, "kind": cause.kind, "severity": cause.severity,
+            "checks": list(cause.checks), "num_findings": cause.num_findings,
+            "shared": cause.is_shared, "unit": cause.unit, "target": cause.target}
 
 
 def summary_document(analysis: Analysis) -> dict[str, Any]:

@@ -121,9 +121,10 @@ def _boundaries(markers: pd.DataFrame, shift: dict[int, int]) -> list[dict[str, 
     ts = wall_clock.epoch_us(markers["t_ns"], markers["rank"], shift)
     records = []
     for row, at in zip(markers.itertuples(index=False), ts, strict=True):
-        label = f"{row.kind} step {row.step}"
+        # "step 0, micro-step 1", never "step 0.1", which reads as a number.
+        label = f"{row.kind} step {int(row.step)}"
         if str(row.kind) == schema.MARKER_MICRO_STEP:
-            label += f".{row.micro_step}"
+            label += f", micro-step {int(row.micro_step)}"
         records.append({
             "ph": "i", "s": "t", "cat": "boundary", "name": label, "pid": int(row.rank),
             "tid": TRACKS["boundaries"], "ts": float(at),

@@ -45,8 +45,10 @@ def chrome_trace(analysis: Analysis, out: TextIO) -> None:
 def suggestion_text(analysis: Analysis, out: TextIO, *, model: str = "model") -> None:
     """The prefetch calls matching the observed order, and the diff against the configured."""
     from fsdptrace.suggest import suggest, write_suggestion
+    from fsdptrace.unit_names import module_types
 
-    write_suggestion(suggest(analysis.trace), out, model=model)
+    trace = analysis.trace
+    write_suggestion(suggest(trace), out, model=model, types=module_types(trace.units))
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,9 @@ _BY_SUFFIX = ((".trace.json", "chrome-trace"), (".json", "json"), (".html", "htm
 
 def save(analysis: Analysis, output: str | os.PathLike[str] | TextIO | None = None, *,
          format: str | None = None) -> None:
-    """``Analysis.write``: one output of ``FORMATS``, to a path (its format from the name
-    where ``format`` is not given: ``.html``, ``.md``, ``.json``, ``.trace.json`` for a
-    Chrome trace, else text), a stream, or stdout."""
+    """``fsdptrace.write(analysis, ...)``: one output of ``FORMATS``, to a path (its format
+    from the name where ``format`` is not given: ``.html``, ``.md``, ``.json``,
+    ``.trace.json`` for a Chrome trace, else text), a stream, or stdout."""
     if format is None:
         name = os.fspath(output).lower() if isinstance(output, (str, os.PathLike)) else ""
         format = next((fmt for suffix, fmt in _BY_SUFFIX if name.endswith(suffix)), "text")

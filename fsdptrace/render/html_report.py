@@ -19,15 +19,19 @@ import jinja2
 import pandas as pd
 
 from fsdptrace import schema, unsharded
-from fsdptrace.checks import CHECKS
+from fsdptrace.checks import incomplete
 from fsdptrace.checks import stalled_rank as stalled_rank_check
-from fsdptrace.render import timeline_lanes, wall_clock
-from fsdptrace.render.folding import fold, rank_ranges
+from fsdptrace.render import timeline_lanes, told, wall_clock
+from fsdptrace.render.folding import rank_ranges
 from fsdptrace.render.memory_view import memory_view
 from fsdptrace.render.order_compare import comparisons
-from fsdptrace.render.text import location, verdict
+from fsdptrace.render.silences import lane_silence, silences
+from fsdptrace.render.stack_view import stack_blocks
+from fsdptrace.render.text import verdict
 from fsdptrace.render.unit_spans import unit_spans
+from fsdptrace.render.untrusted import printable
 from fsdptrace.trace import Trace
+from fsdptrace.unit_names import Label, labeller, module_types
 
 MAX_STEPS = 8
 MAX_RANK_LANES = 32
@@ -35,11 +39,21 @@ MAX_MARKS_PER_STEP = 500
 MAX_ROWS_PER_CHECK = 50
 PHASE_CODES = {schema.FORWARD: 0, schema.BACKWARD: 1}
 
+
+def _shown(value: Any) -> Any:
+    """Text from a run dir with its control characters escaped, as the text outputs show it
+    (HTML autoescape leaves ESC and bidi controls raw); markup we built is left as it is."""
+    if isinstance(value, str) and not isinstance(value, jinja2.utils.markupsafe.Markup):
+        return printable(value)
+    return value
+
+
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("fsdptrace.render", "templates"),
     autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
     undefined=jinja2.StrictUndefined,
     keep_trailing_newline=True,
+    finalize=_shown,
 )
 
 
@@ -163,12 +177,15 @@ def step_payload(
     *,
     spans: pd.DataFrame,
     ledger: pd.DataFrame,
+    quiet: dict[int, dict[str, Any]] | None = None,
     max_lanes: int = MAX_RANK_LANES,
 ) -> dict[str, Any]:
     """Everything the page draws for one optimizer step, aggregated by order signature.
 
-    ``spans``: ``unit_spans`` of the whole trace; ``ledger``: ``unsharded.timeline``.
+    ``spans``: ``unit_spans`` of the whole trace; ``ledger``: ``unsharded.timeline``;
+    ``quiet``: ``silences.silences``, the silence before each rank's unclean end.
     """
+    quiet = quiet or {}
     events = spans[spans["step"] == step].sort_values(["rank", "seq"])
     edges = trace.prefetch_edges(step)
     step_findings = findings[findings["step"] == step]
@@ -181,7 +198,8 @@ def step_payload(
     flagged = [int(r) for r in step_findings["rank"].dropna()]
     lanes = [
         {"group": group_of[r], **timeline_lanes.lane(
-            r, by_rank[r], start=starts[r], skew=skews[r], ledger=ledger, step=step)}
+            r, by_rank[r], start=starts[r], skew=skews[r], ledger=ledger, step=step),
+         "quiet": lane_silence(quiet.get(r), step, starts[r])}
         for r in _lane_ranks(members, flagged, max_lanes)
     ]
     return {
@@ -192,52 +210,38 @@ def step_payload(
         "num_ranks": len(group_of),
         "marks": _marks(step_findings, units),
         "comparisons": comparisons(trace.events, trace.eval_forwards, step_findings, units,
-                                   step),
+                                   step, ranks=trace.ranks),
     }
 
 
-def finding_sections(findings: pd.DataFrame) -> list[dict[str, Any]]:
-    """Findings folded across ranks and steps, grouped by check in CHECKS order."""
-    folded = fold(findings)
+def finding_sections(findings: pd.DataFrame, label: Label | None = None
+                     ) -> list[dict[str, Any]]:
+    """Findings folded across ranks and steps: each cause several checks report (with its
+    fix, its checks under it), then each check's other findings in CHECKS order."""
     sections = []
-    for name, info in CHECKS.items():
-        rows = folded[folded["check"] == name] if len(folded) else folded
-        if not len(rows):
-            continue
-        sections.append(
-            {
-                "name": name,
-                "severity": info.severity,
-                "summary": info.summary,
-                "total": int(rows["count"].sum()),
-                "hidden": max(len(rows) - MAX_ROWS_PER_CHECK, 0),
-                "rows": [
-                    {
-                        "where": location(row),
-                        "message": str(row["message"]),
-                        "step": row["steps"][0] if row["steps"] else None,
-                    }
-                    for _, row in rows.head(MAX_ROWS_PER_CHECK).iterrows()
-                ],
-            }
-        )
+    for block in told.blocks(findings, label=label, max_rows=MAX_ROWS_PER_CHECK):
+        parts = [{"name": part.check, "severity": part.severity, "summary": part.summary,
+                  "total": part.total, "hidden": part.hidden, "follows": part.follows,
+                  "rows": [{"where": row.where, "message": row.message, "step": row.step}
+                           for row in part.rows]}
+                 for part in block.parts]
+        sections.append({"title": block.title, "fix": block.fix, "severity": block.severity,
+                         "total": block.total, "parts": parts})
     return sections
 
 
-def stops(findings: pd.DataFrame) -> list[dict[str, Any]]:
-    """Where each stalled rank stopped, ranks that stopped at the same place folded together."""
+def stops(findings: pd.DataFrame, label: Label | None = None) -> list[dict[str, Any]]:
+    """Where each stalled rank stopped, one row per rank with its own finding's text (ranks
+    that stopped at the same place still ended differently: crashed, killed, waiting)."""
+    label = label or labeller({})
     stalled = findings[findings["check"] == stalled_rank_check.NAME]
     where = ["step", "micro_step", "phase", "unit"]
     out = []
-    for key, rows in stalled.groupby(where, dropna=False, sort=True, observed=True):
-        place = dict(zip(where, key, strict=True))
-        out.append(
-            {
-                "ranks": rank_ranges([int(r) for r in rows["rank"].dropna()]),
-                "where": _place(place),
-                "message": str(rows["message"].iloc[0]),
-            }
-        )
+    for row in stalled.sort_values(["rank", *where], kind="stable").itertuples(index=False):
+        place = {k: getattr(row, k) for k in where}
+        place["unit"] = label(place["unit"]) or None
+        out.append({"ranks": "" if pd.isna(row.rank) else str(int(row.rank)),
+                    "where": _place(place), "message": str(row.message)})
     return out
 
 
@@ -268,13 +272,16 @@ def document(
     steps = embedded_steps(trace, findings, max_steps=max_steps)
     spans = unit_spans(trace.events, trace.allgathers, trace.backward_grads)
     ledger = unsharded.timeline(trace.allgathers)
+    quiet = silences(trace, spans)
+    label = labeller(module_types(trace.units))
     return {
         "units": names,
+        "labels": [label(n) for n in names],
         "default_step": default_step(findings, steps),
         "num_steps": len(trace.steps),
         "num_ranks": len(trace.ranks),
         "steps": [
-            step_payload(trace, findings, s, units, spans=spans, ledger=ledger,
+            step_payload(trace, findings, s, units, spans=spans, ledger=ledger, quiet=quiet,
                          max_lanes=max_lanes)
             for s in steps
         ],
@@ -292,15 +299,18 @@ def render(
 ) -> None:
     """Write the report for ``trace`` and its ``findings`` (from ``fsdptrace.analyze``)."""
     data = document(trace, findings, max_steps=max_steps, max_lanes=max_lanes)
+    label = labeller(module_types(trace.units))
     page = _ENV.get_template("report.html.j2").render(
-        verdict=verdict(findings, num_ranks=len(trace.ranks), world_size=trace.world_size),
+        verdict=verdict(findings, num_ranks=len(trace.ranks), world_size=trace.world_size,
+                        incomplete=bool(len(incomplete.parse(trace.markers)))),
         failed=bool((findings["severity"] == "error").any()),
         run_dir=run_dir,
-        sections=finding_sections(findings),
-        stops=stops(findings),
+        sections=finding_sections(findings, label),
+        stops=stops(findings, label),
         data_json=jinja2.utils.markupsafe.Markup(script_json(data)),
         num_embedded=len(data["steps"]),
         num_steps=data["num_steps"],
-        memory=memory_view(trace.allgathers),
+        memory=memory_view(trace.allgathers, types=module_types(trace.units)),
+        stacks=stack_blocks(trace.stacks),
     )
     out.write(page)

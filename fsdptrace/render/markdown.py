@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TextIO
 
-from fsdptrace.checks import CHECKS
-from fsdptrace.render.folding import fold
-from fsdptrace.render.text import dropped_lines, location, run_dir_label, verdict
+from fsdptrace.render import told
+from fsdptrace.render.text import dropped_lines, run_dir_label, unit_labels, verdict
 from fsdptrace.render.untrusted import printable
+from fsdptrace.unit_names import labeller
 
 if TYPE_CHECKING:
     from fsdptrace.result import Analysis
@@ -22,18 +22,29 @@ def _cell(text: object) -> str:
 
 
 def render(analysis: Analysis, out: TextIO) -> None:
-    """The verdict, then one table per check with findings (every finding, folded)."""
+    """The verdict, then one table per cause several checks report, then one per check
+    (every finding, folded)."""
     findings = analysis.findings
-    line = verdict(findings, num_ranks=len(analysis.ranks), world_size=analysis.world_size)
+    line = verdict(findings, num_ranks=len(analysis.ranks), world_size=analysis.world_size,
+                   incomplete=bool(len(analysis.incomplete)))
     out.write(f"# fsdptrace: {line}\n\n")
     out.write(f"Run dir: {_cell(run_dir_label(analysis))}\n")
     for line in dropped_lines(analysis.incomplete):
         out.write(f"\n{_cell(line)}\n")
-    folded = fold(findings)
-    for name, info in CHECKS.items():
-        rows = folded[folded["check"] == name]
-        if not len(rows):
+    label = unit_labels(analysis) if len(findings) else labeller({})
+    for block in told.blocks(findings, label=label):
+        if block.title is not None:
+            out.write(f"\n## Cause: {_cell(block.title)} ({block.severity}, "
+                      f"{block.total} findings from {len(block.parts)} checks)\n\n")
+            if block.fix:
+                out.write(f"**Fix:** {_cell(block.fix)}\n\n")
+            out.write("| check | where | what |\n|---|---|---|\n")
+            for part in block.parts:
+                name = part.check + (" (followed from it)" if part.follows else "")
+                for row in part.rows:
+                    out.write(f"| {_cell(name)} | {_cell(row.where)} | {_cell(row.message)} |\n")
             continue
-        out.write(f"\n## {name} ({info.severity})\n\n| where | what |\n|---|---|\n")
-        for _, row in rows.iterrows():
-            out.write(f"| {_cell(location(row))} | {_cell(row['message'])} |\n")
+        (part,) = block.parts
+        out.write(f"\n## {part.check} ({part.severity})\n\n| where | what |\n|---|---|\n")
+        for row in part.rows:
+            out.write(f"| {_cell(row.where)} | {_cell(row.message)} |\n")

@@ -13,29 +13,34 @@ from typing import Any
 import pandas as pd
 
 from fsdptrace import unsharded
+from fsdptrace.sizes import human_bytes
+from fsdptrace.unit_names import labeller
 
 MAX_RANKS = 8
 WIDTH, HEIGHT = 640, 60
 
 
-def memory_view(allgathers: pd.DataFrame, *, max_ranks: int = MAX_RANKS) -> dict[str, Any]:
-    """``{"rows": [...], "hidden": n}``; each row: rank, peak and floor text, an SVG string."""
+def memory_view(allgathers: pd.DataFrame, *, max_ranks: int = MAX_RANKS,
+                types: dict[str, str] | None = None) -> dict[str, Any]:
+    """``{"rows": [...], "hidden": n}``; each row: rank, peak and floor text, an SVG string.
+    ``types``: module types of positional unit names, shown beside them."""
+    label = labeller(types or {})
     ledger = unsharded.timeline(allgathers)
     if not len(ledger):
         return {"rows": [], "hidden": 0}
     peaks = unsharded.peaks(allgathers)
-    worst = peaks.sort_values("peak_bytes", kind="stable").groupby("rank").tail(1)
-    worst = worst.sort_values(["peak_bytes", "rank"], ascending=[False, True])
+    worst = unsharded.worst_passes(peaks)
+    worst = worst.sort_values(["peak_bytes", "rank"], ascending=[False, True], kind="stable")
     top = int(worst["peak_bytes"].max()) or 1
     rows = []
     for row in worst.head(max_ranks).itertuples(index=False):
         mine = ledger[ledger["rank"] == row.rank]
         rows.append({
             "rank": int(row.rank),
-            "peak": _mib(row.peak_bytes),
-            "floor": _mib(row.floor_bytes),
+            "peak": human_bytes(row.peak_bytes),
+            "floor": human_bytes(row.floor_bytes),
             "where": f"step {int(row.step)}, micro-step {int(row.micro_step)}, {row.phase}",
-            "units": str(row.peak_units),
+            "units": ", ".join(label(u) for u in str(row.peak_units).split(",")),
             "svg": _svg(mine["t_ns"].astype("int64").tolist(),
                         mine["held_bytes"].astype("int64").tolist(), top),
         })
@@ -55,7 +60,3 @@ def _svg(times: list[int], held: list[int], top: int) -> str:
     return (f'<svg class="memory" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" '
             f'height="{HEIGHT}" role="img"><polyline fill="none" stroke="currentColor" '
             f'points="{escape(" ".join(points))}"/></svg>')
-
-
-def _mib(num_bytes: object) -> str:
-    return f"{int(num_bytes) / 2**20:.2f} MiB"  # type: ignore[call-overload]

@@ -11,9 +11,13 @@ from fsdptrace.allgather_summary import overview_line
 from fsdptrace.render.text import run_dir_label
 from fsdptrace.render.untrusted import printable
 from fsdptrace.summary import per_rank
+from fsdptrace.unit_names import module_types
 
 if TYPE_CHECKING:
     from fsdptrace.result import Analysis
+
+# Past this many ranks, summary prints the highest peaks only (JSON keeps every rank).
+MAX_MEMORY_RANKS = 64
 
 
 def render(analysis: Analysis, out: TextIO) -> None:
@@ -30,12 +34,28 @@ def render(analysis: Analysis, out: TextIO) -> None:
     for rank, where in incomplete.items():
         out.write(f"  rank {rank}: {printable(where)}\n")
     out.write(f"all-gathers: {printable(overview_line(trace.allgathers))}\n")
-    peaks = unsharded.peaks(trace.allgathers)
-    if len(peaks):  # the rank that holds most: parameter memory as FSDP holds it
-        top = int(peaks.loc[peaks["peak_bytes"].idxmax(), "rank"])
-        out.write(f"unsharded parameters: {printable(unsharded.summary_line(peaks, top))}\n")
+    write_memory_lines(unsharded.peaks(trace.allgathers), out,
+                       types=module_types(trace.units))
     table = per_rank(trace)
     for name in table.columns:
         if not pd.api.types.is_numeric_dtype(table[name]):
             table[name] = table[name].astype(object).map(printable, na_action="ignore")
     out.write("\n" + table.to_string(index=False) + "\n")
+
+
+def write_memory_lines(peaks: pd.DataFrame, out: TextIO, *, max_ranks: int = MAX_MEMORY_RANKS,
+                       types: dict[str, str] | None = None) -> None:
+    """Every rank's unsharded-parameter peak (parameter memory as FSDP holds it), one line
+    each; past ``max_ranks``, the highest ones and how many are left out."""
+    if not len(peaks):
+        return
+    worst = unsharded.worst_passes(peaks).sort_values(
+        ["peak_bytes", "rank"], ascending=[False, True], kind="stable")
+    ranks = [int(r) for r in worst["rank"]]
+    shown = sorted(ranks if len(ranks) <= max_ranks else ranks[:max_ranks])
+    out.write("unsharded parameters:\n")
+    for rank in shown:
+        out.write(f"  {printable(unsharded.summary_line(peaks, rank, types))}\n")
+    if len(ranks) > len(shown):
+        out.write(f"  ... {len(ranks) - len(shown)} more ranks with lower peaks "
+                  "(all of them: --format json)\n")

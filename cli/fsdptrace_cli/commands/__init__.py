@@ -6,18 +6,13 @@ import importlib
 
 import click
 
-_MODULES = ("record", "analyze", "summary", "export", "suggest", "report", "diff")
+_MODULES = ("record", "watch", "analyze", "summary", "export", "suggest", "report", "diff")
 
 
 def _load() -> list[click.Command]:
     commands = []
     for name in _MODULES:
-        try:
-            module = importlib.import_module(f"fsdptrace_cli.commands.{name}")
-        except ModuleNotFoundError as error:
-            if error.name == f"fsdptrace_cli.commands.{name}":
-                continue  # command not built yet
-            raise
+        module = importlib.import_module(f"fsdptrace_cli.commands.{name}")
         commands.append(module.command)
     return commands
 

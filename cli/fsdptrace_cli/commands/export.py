@@ -27,5 +27,8 @@ def command(ctx: click.Context, run_dir: Path, chrome_trace: str, jobs: int | No
     Example:
       fsdptrace export runs/a --chrome-trace runs/a.trace.json
     """
-    ctx.exit(run_analysis(run_dir, fmt="chrome-trace", output=chrome_trace, fail_on="never",
-                          jobs=jobs))
+    code = run_analysis(run_dir, fmt="chrome-trace", output=chrome_trace, fail_on="never",
+                        jobs=jobs)
+    if chrome_trace != "-":  # as report says what it wrote; stdout stays the trace's own
+        click.echo(f"wrote {chrome_trace}", err=True)
+    ctx.exit(code)

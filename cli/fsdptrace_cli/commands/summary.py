@@ -22,8 +22,8 @@ def command(run_dir: Path, fmt: str) -> None:
       fsdptrace summary runs/a
       fsdptrace summary runs/a --format json
     """
-    from fsdptrace.analysis import analyze
     from fsdptrace.render.formats import SUMMARY_FORMATS, write
+    from fsdptrace.summary import summarize
     from fsdptrace.trace import load
 
-    write(SUMMARY_FORMATS[fmt].render, analyze(load(run_dir), checks=()))
+    write(SUMMARY_FORMATS[fmt].render, summarize(load(run_dir)))

@@ -20,7 +20,8 @@
   }
   const svg = (tag, attrs, text) => node(SVG_NS, tag, attrs, text);
   const html = (tag, attrs, text) => node(null, tag, attrs, text);
-  const unit = (i) => (i >= 0 ? DATA.units[i] : "?");
+  // A unit as a person reads it: "3 (Block)" where the name alone is a position.
+  const unit = (i) => (i >= 0 ? (DATA.labels || DATA.units)[i] : "?");
   const stepData = () => DATA.steps.find((s) => s.step === state.step);
 
   function parseRanks(text) {
@@ -38,11 +39,11 @@
     if (state.mode === "groups") {
       return sd.groups.slice(0, MAX_GROUP_LANES).map((g, i) => ({
         label: "ranks " + g.label + " (" + g.num_ranks + ")", group: g, gi: i, t: g.t, e: g.e,
-        mem: [], skew: null, rank: null }));
+        mem: [], skew: null, rank: null, quiet: null }));
     }
     return sd.lanes.filter((l) => !state.filter || state.filter.has(l.rank)).map((l) => ({
       label: "rank " + l.rank, group: sd.groups[l.group], gi: l.group, t: l.t, e: l.e,
-      mem: l.mem, skew: l.skew, rank: l.rank }));
+      mem: l.mem, skew: l.skew, rank: l.rank, quiet: l.quiet || null }));
   }
 
   function laneNote(sd, shown) {
@@ -73,7 +74,7 @@
 
   // --- the timeline: each lane from its rank's own step start, zoomable ----------------------
   const PLOT_L = LABEL_W, PLOT_R = WIDTH - 12, PLOT_W = PLOT_R - PLOT_L;
-  const ROWS = [[4, 12], [18, 12]], MEM_TOP = 33, MEM_H = 11, NEAR_PX = 6;
+  const ROWS = [[4, 12], [18, 12]], MEM_TOP = 33, MEM_H = 11, NEAR_PX = 6, BAR_CHAR_W = 5.6;
   const COLORS = ["#1f6fd1", "#e07b00"];
 
   function extent(shown) {
@@ -81,6 +82,7 @@
     for (const l of shown) {
       for (let k = 0; k < l.t.length; k++) t = Math.max(t, l.t[k], l.e[k]);
       if (l.mem.length) t = Math.max(t, l.mem[l.mem.length - 1][0]);
+      if (l.quiet) t = Math.max(t, l.quiet.to);
     }
     return t;
   }
@@ -107,6 +109,10 @@
     const defs = svg("defs"), clip = svg("clipPath", { id: "plot-clip" });
     clip.appendChild(svg("rect", { x: PLOT_L, y: 0, width: PLOT_W, height: height }));
     defs.appendChild(clip);
+    const hatch = svg("pattern", { id: "quiet-hatch", width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" });
+    hatch.appendChild(svg("rect", { width: 6, height: 6, fill: "#fdecea" }));
+    hatch.appendChild(svg("path", { d: "M0 0V6", stroke: "#e8a39d", "stroke-width": 2 }));
+    defs.appendChild(hatch);
     root.appendChild(defs);
     const memMax = Math.max(1, ...shown.flatMap((l) => l.mem.map((p) => p[1])));
     shown.forEach((lane, i) => root.appendChild(drawLane(lane, i, x, t0, t1, memMax)));
@@ -150,7 +156,13 @@
       const outer = order.some((j) => j !== k && g.p[j] === g.p[k] && lane.t[j] > lane.t[k] && lane.t[j] < lane.e[k]);
       plot.appendChild(svg("rect", { class: "span", x: a.toFixed(1), y: top, width: w.toFixed(1), height: h,
         fill: COLORS[g.p[k]], "fill-opacity": outer ? 0.3 : 0.85, stroke: "#fff", "stroke-width": 1 }));
+      // The unit's name on its bar where the bar is wide enough to hold it (no hover needed).
+      const name = unit(g.u[k]);
+      if (!outer && w >= name.length * BAR_CHAR_W + 6) {
+        plot.appendChild(svg("text", { class: "bar-label", x: (a + 3).toFixed(1), y: top + h - 3 }, name));
+      }
     }
+    if (lane.quiet) plot.appendChild(drawQuiet(lane.quiet, x));
     ticksPath.forEach((d, p) => { if (d) plot.appendChild(svg("path", { class: "instant", d: d, stroke: COLORS[p], "stroke-width": 2 })); });
     let bounds = "";
     for (let k = 1; k < lane.t.length; k++) if (g.m[k] !== g.m[k - 1]) bounds += "M" + (x(lane.t[k]) - 1).toFixed(1) + " 0V" + LANE_H;
@@ -158,6 +170,18 @@
     if (lane.mem.length) plot.appendChild(memoryPath(lane.mem, x, memMax));
     el.appendChild(plot);
     return el;
+  }
+
+  // The silence before a rank's unclean end: from its last event to its ending, with its length.
+  function drawQuiet(quiet, x) {
+    const g = svg("g", { class: "quiet" });
+    const a = x(quiet.from), w = Math.max(2, x(quiet.to) - a);
+    g.appendChild(svg("rect", { x: a.toFixed(1), y: 2, width: w.toFixed(1), height: 28, fill: "url(#quiet-hatch)", stroke: "#b3261e", "stroke-dasharray": "3 2" }));
+    const text = quiet.text.length > 90 ? quiet.text.slice(0, 89) + "…" : quiet.text;
+    const label = svg("text", { class: "quiet-label", x: (a + 4).toFixed(1), y: 20 }, text);
+    label.appendChild(svg("title", {}, quiet.text));
+    g.appendChild(label);
+    return g;
   }
 
   function memoryPath(points, x, memMax) {
@@ -261,14 +285,24 @@
     $("zoom-in").addEventListener("click", () => zoomAt(0.5, center(), state.full));
     $("zoom-out").addEventListener("click", () => zoomAt(2, center(), state.full));
     $("zoom-reset").addEventListener("click", () => { state.view = null; drawTimeline(stepData()); });
+    // A drag redraws once a frame, at the pointer's latest place; a release before that frame
+    // draws it at once, so a quick drag is never lost.
+    const dragTo = () => {
+      const [a, b] = state.drag.view, shift = -((state.drag.to - state.drag.x) / PLOT_W) * (b - a);
+      setView(a + shift, b + shift, state.full);
+    };
     window.addEventListener("mousemove", (ev) => {
       if (!state.drag) return;
-      const [a, b] = state.drag.view, shift = -((ev.clientX - state.drag.x) / PLOT_W) * (b - a);
+      state.drag.to = ev.clientX;
       if (state.pending) return;
       state.pending = true;
-      requestAnimationFrame(() => { state.pending = false; if (state.drag) setView(a + shift, b + shift, state.full); });
+      requestAnimationFrame(() => { if (state.pending && state.drag) dragTo(); state.pending = false; });
     });
-    window.addEventListener("mouseup", () => { state.drag = null; });
+    window.addEventListener("mouseup", () => {
+      if (state.drag && state.pending) dragTo();
+      state.pending = false;
+      state.drag = null;
+    });
   }
 
   function fillEdgeControls(sd) {
@@ -303,7 +337,7 @@
     const top = up, bottom = top + boxH;
     const root = svg("svg", { width: Math.max(WIDTH, n * bw + 40), height: bottom + down, id: "edges-svg" });
     const cx = (i) => 20 + i * bw + bw / 2;
-    order.forEach((u, i) => drawBox(root, cx(i), top, bw, boxH, i + ": " + unit(u), vertical, false));
+    order.forEach((u, i) => drawBox(root, cx(i), top, bw, boxH, "pos " + i + " · " + unit(u), vertical, false));
     if (missing) drawBox(root, cx(order.length), top, bw, boxH, "did not run", vertical, true);
     if (!edges.length) root.appendChild(svg("text", { x: 20, y: 16, class: "axis" }, "No prefetch edges configured for this phase."));
     edges.forEach(([src, , tgt], k) => {
@@ -359,6 +393,10 @@
         head.appendChild(html("th", { colspan: 2, class: col.reference ? "ref" : "" },
           (col.reference ? "reference: " : "") + col.label));
         table.appendChild(head);
+        const names = html("tr", { class: "order-head" });
+        names.appendChild(html("td", {}, "position"));
+        names.appendChild(html("td", {}, col.order.length ? "unit" : "(no unit ran)"));
+        table.appendChild(names);
         col.order.forEach((u, i) => {
           const tr = html("tr");
           tr.appendChild(html("td", {}, String(i)));
