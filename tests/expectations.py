@@ -108,17 +108,24 @@ def bypassed_child(findings: pd.DataFrame, steps: int) -> Problems:
 
 
 def rank_divergence(findings: pd.DataFrame, steps: int) -> Problems:
+    # Two ranks, no majority (CHECKS.md v3): each is reported against the other side.
     forward = {("rank-divergence", 1, s, m, "forward", "layers.2", "layers.1")
                for s in range(steps) for m in MICRO_STEPS}
+    forward |= {("rank-divergence", 0, s, m, "forward", "layers.1", "layers.2")
+                for s in range(steps) for m in MICRO_STEPS}
     backward = {("rank-divergence", 1, s, m, "backward", "layers.1", "layers.2")
                 for s in range(steps) for m in MICRO_STEPS}
-    return differ("findings", where(findings), forward | backward)
+    backward |= {("rank-divergence", 0, s, m, "backward", "layers.2", "layers.1")
+                 for s in range(steps) for m in MICRO_STEPS}
+    return differ("findings", where(findings), forward | backward) + message_says(
+        findings, "no majority", every=True)
 
 
 def config_divergence(findings: pd.DataFrame, steps: int) -> Problems:
-    expected = {("prefetch-config-divergence", 1, 0, 0, None, None, None)}
+    # Two ranks, no majority (CHECKS.md v3): both sides, neither called the outlier.
+    expected = {("prefetch-config-divergence", r, 0, 0, None, None, None) for r in RANKS}
     return differ("findings", where(findings), expected) + message_says(
-        findings, "layers.0 forward -> [layers.2] (rank 0: [layers.1])")
+        findings, "neither side is the outlier by its rank number", every=True)
 
 
 def pending_all_gather(findings: pd.DataFrame, steps: int) -> Problems:

@@ -19,6 +19,7 @@ import random
 import resource
 import shutil
 import signal
+import struct
 import tempfile
 import time
 import traceback
@@ -28,8 +29,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
+import fsdptrace.journal_format as jf
 from fsdptrace import schema
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
@@ -48,6 +51,7 @@ COMMANDS: dict[str, list[str]] = {
     "suggest": ["suggest", "{run}"],
     "report": ["report", "{run}", "-j", "1", "-o", "{out}/report.html"],
     "export": ["export", "{run}", "--chrome-trace", "{out}/trace.json"],
+    "diff": ["diff", str(SAMPLES / BASE), "{run}"],
 }
 
 
@@ -322,6 +326,301 @@ CASES: dict[str, tuple[str, Mutation]] = {
 }
 
 
+# ------------------------------------------------------------------ schema-2 and empty tables
+def typed_column(name: str, kind: str) -> Callable[[pa.Table], pa.Table]:
+    """Column ``name`` as a struct or a list of its values: a type no recorder writes there."""
+    def change(table: pa.Table) -> pa.Table:
+        values = table.column(name).cast(pa.string()) if pa.types.is_dictionary(
+            table.schema.field(name).type) else table.column(name)
+        values = values.combine_chunks()
+        array = (pa.StructArray.from_arrays([values], names=["name"]) if kind == "struct"
+                 else pa.ListArray.from_arrays(pa.array(range(len(values) + 1), pa.int32()),
+                                               values))
+        return table.set_column(table.schema.get_field_index(name), name, array)
+
+    return change
+
+
+def _typed(table: str, name: str, kind: str) -> Mutation:
+    def mutate(run: Path, rng: random.Random) -> None:
+        rewrite(parts(run, table, rng.randrange(2))[0], typed_column(name, kind))
+
+    return mutate
+
+
+def _no_rows(table: str) -> Mutation:
+    def mutate(run: Path, rng: random.Random) -> None:
+        for path in parts(run, table):
+            rewrite(path, lambda t: t.slice(0, 0))
+
+    return mutate
+
+
+def _dir_is_file(table: str) -> Mutation:
+    def mutate(run: Path, rng: random.Random) -> None:
+        if (run / table).exists():
+            shutil.rmtree(run / table)
+        (run / table).write_text("not a folder\n")
+
+    return mutate
+
+
+def add_table(run: Path, table: str, rows: list[dict[str, object]]) -> None:
+    """A schema-2 table (one the schema-1 samples lack) with ``rows`` on every rank."""
+    declared = schema.TABLES[table]
+    data = pa.Table.from_pylist(rows, schema=declared.remove_metadata())
+    metadata = {schema.SCHEMA_VERSION_KEY: b"2", schema.FSDPTRACE_VERSION_KEY: b"0.1.0"}
+    for rank in range(2):
+        folder = run / table / f"rank={rank}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pq.write_table(data.replace_schema_metadata(metadata),
+                       folder / "part-j1_1-000001-000001.parquet")
+
+
+def _table(table: str, **row: object) -> Mutation:
+    """A schema-2 table of one row: plausible values, ``row`` overriding some."""
+    plausible: dict[str, dict[str, object]] = {
+        "backward_grads": {"seq": 5, "t_ns": 5, "step": 0, "micro_step": 0, "unit": "layers.0",
+                           "param": "weight", "state": schema.GRAD_STATES[0],
+                           "via": schema.GRAD_VIAS[0]},
+        "grads_written": {"step": 0, "micro_step": 0, "unit": "layers.0", "param": "weight",
+                          "written": True},
+        "eval_forwards": {"seq": 5, "t_ns": 5, "step": 0, "unit": "layers.0",
+                          "grad_mode": schema.GRAD_MODES[0]},
+        "settings": {"step": 0, "micro_step": 0, "unit": "layers.0",
+                     "setting": schema.SETTING_NAMES[0], "value": "true"},
+    }
+
+    def mutate(run: Path, rng: random.Random) -> None:
+        add_table(run, table, [plausible[table] | row])
+
+    return mutate
+
+
+def _many_partitions(count: int) -> Mutation:
+    """``count`` extra rank partitions of ``events``, each a copy of rank 1's."""
+    def mutate(run: Path, rng: random.Random) -> None:
+        source = parts(run, "events", 1)[0]
+        for rank in range(2, 2 + count):
+            folder = run / "events" / f"rank={rank}"
+            folder.mkdir()
+            os.link(source, folder / source.name)
+
+    return mutate
+
+
+def _many_parts(count: int) -> Mutation:
+    """Rank 0's ``events`` as ``count`` part files of a row or two each."""
+    def mutate(run: Path, rng: random.Random) -> None:
+        source = parts(run, "events", 0)[0]
+        table = pq.read_table(source)
+        source.unlink()
+        for index in range(count):
+            one = table.slice(index * table.num_rows // count, 1)
+            pq.write_table(one, source.parent / f"part-w1-1-{index:06d}.parquet")
+
+    return mutate
+
+
+# Thousands of partitions or part files: listed and opened in time proportional to their
+# number, but each rank still costs milliseconds per table (profiled: empty-table concat,
+# path handling), so 5,000 ranks take tens of CPU seconds; measured by ``main``, not yet a test.
+MANY_CASES: dict[str, tuple[str, Mutation]] = {
+    "many:rank-partitions-5000": (BASE, _many_partitions(5000)),
+    "many:part-files-5000": (BASE, _many_parts(5000)),
+}
+
+SCHEMA_2_CASES: dict[str, tuple[str, Mutation]] = {
+    "allgathers:null-num_bytes": (BASE, _cell("allgathers", "num_bytes", None)),
+    "allgathers:negative-num_bytes": (BASE, _cell("allgathers", "num_bytes", -5)),
+    "allgathers:huge-num_bytes": (BASE, _cell("allgathers", "num_bytes", 2**62)),
+    "allgathers:null-group": (BASE, _cell("allgathers", "group", None)),
+    "allgathers:negative-group": (BASE, _cell("allgathers", "group", -3)),
+    "allgathers:unknown-event": (BASE, _cell("allgathers", "event", "teleported")),
+    "allgathers:unknown-issuer_kind": (BASE, _cell("allgathers", "issuer_kind", "\x1b[2J")),
+    "events:struct-unit": (BASE, _typed("events", "unit", "struct")),
+    "events:list-unit": (BASE, _typed("events", "unit", "list")),
+    "units:struct-unit": (BASE, _typed("units", "unit", "struct")),
+    "units:list-unit": (BASE, _typed("units", "unit", "list")),
+    "allgathers:struct-unit": (BASE, _typed("allgathers", "unit", "struct")),
+    "events:no-rows": (BASE, _no_rows("events")),
+    "units:no-rows": (BASE, _no_rows("units")),
+    "meta:no-rows": (BASE, _no_rows("meta")),
+    "markers:no-rows": (KILLED, _no_rows("markers")),
+    "allgathers:no-rows": (BASE, _no_rows("allgathers")),
+    "dir-is-file:events": (BASE, _dir_is_file("events")),
+    "dir-is-file:units": (BASE, _dir_is_file("units")),
+    "dir-is-file:meta": (BASE, _dir_is_file("meta")),
+    "dir-is-file:allgathers": (BASE, _dir_is_file("allgathers")),
+    "dir-is-file:settings": (BASE, _dir_is_file("settings")),
+    "dir-is-file:journal": (BASE, _dir_is_file("journal")),
+    "settings:unknown-setting": (BASE, _table("settings", setting="teleport")),
+    "settings:null-unit": (BASE, _table("settings", unit=None)),
+    "settings:negative-step": (BASE, _table("settings", step=-1)),
+    "settings:long-value": (BASE, _table("settings", value="x" * 100_000)),
+    "settings:not-json-value": (BASE, _table("settings", value="{nope")),
+    "settings:ok": (BASE, _table("settings")),
+    "backward_grads:unknown-state": (BASE, _table("backward_grads", state="\x1b]0;x\x07")),
+    "backward_grads:null-param": (BASE, _table("backward_grads", param=None)),
+    "backward_grads:huge-micro_step": (BASE, _table("backward_grads", micro_step=2**31 - 1)),
+    "grads_written:null-written": (BASE, _table("grads_written", written=None)),
+    "grads_written:unknown-unit": (BASE, _table("grads_written", unit="nobody")),
+    "eval_forwards:unknown-grad_mode": (BASE, _table("eval_forwards", grad_mode="sideways")),
+    "eval_forwards:negative-step": (BASE, _table("eval_forwards", step=-2)),
+    "eval_forwards:huge-step": (BASE, _table("eval_forwards", step=2**31 - 1)),
+    "eval_forwards:ok": (BASE, _table("eval_forwards")),
+}
+
+
+# ------------------------------------------------------------------ journal segments
+SEGMENT_WRITER = "j7_7"  # a schema-2 writer id: no Parquet part of the samples covers it
+
+
+def segment_bytes(table: str, rows: pa.Table) -> bytes:
+    """``rows`` as one journal segment, laid out as ``fsdptrace.journal_format`` says (the
+    recorder's own format: header, JSON vocabulary, then fixed slots or framed records)."""
+    names = schema.TABLES[table].names
+    if table in jf.FIXED_TABLES:
+        coded = jf.dictionary_columns(table)
+        vocab = {c: pa.compute.unique(rows.column(c).cast(pa.string())).to_pylist()
+                 for c in coded}
+        text = json.dumps(vocab).encode()
+        offset = -(-(jf.HEADER.size + len(text)) // 8) * 8
+        columns = {n: rows.column(n).cast(pa.string()).to_pylist() if n in coded
+                   else rows.column(n).to_pylist() for n in names}
+        for c in coded:
+            columns[c] = [vocab[c].index(v) for v in columns[c]]
+        fmt = struct.Struct(jf.fixed_format(table))
+        body = b"".join(fmt.pack(*row, row[0]) for row in zip(*columns.values(), strict=True))
+        header = jf.HEADER.pack(jf.MAGIC, jf.KIND_FIXED, fmt.size, offset, len(text))
+        return header + text + b"\0" * (offset - len(header) - len(text)) + body
+    payload = json.dumps([[row[n] for n in names] for row in rows.cast(
+        schema.TABLES[table].remove_metadata()).to_pylist()]).encode()
+    header = jf.HEADER.pack(jf.MAGIC, jf.KIND_FRAMED, 0, jf.HEADER.size, 0)
+    return header + jf.FRAME.pack(len(payload)) + payload + jf.FRAME.pack(len(payload))
+
+
+def move_tail_to_journal(run: Path, table: str, rank: int) -> Path:
+    """The rows of the last step of one rank's ``table`` leave its Parquet part for a journal
+    segment (what a rank killed with its writer leaves): the reader folds them back in."""
+    path = parts(run, table, rank)[0]
+    data = pq.read_table(path)
+    step = np.asarray(data.column("step").to_numpy(zero_copy_only=False))
+    tail = step == step.max()
+    pq.write_table(data.filter(pa.array(~tail)), path)
+    journal = run / jf.JOURNAL_DIR / f"rank={rank}"
+    journal.mkdir(parents=True, exist_ok=True)
+    segment = journal / jf.SEGMENT_FILE.format(table=table, writer=SEGMENT_WRITER, index=1)
+    segment.write_bytes(segment_bytes(table, data.filter(pa.array(tail))))
+    return segment
+
+
+def _segment(change: Callable[[Path], None], table: str = "events") -> Mutation:
+    def mutate(run: Path, rng: random.Random) -> None:
+        change(move_tail_to_journal(run, table, rng.randrange(2)))
+
+    return mutate
+
+
+def _splice(at: int, data: bytes) -> Callable[[Path], None]:
+    """Overwrite bytes from ``at`` (negative: from the end)."""
+    def change(path: Path) -> None:
+        raw = bytearray(path.read_bytes())
+        start = at % len(raw)
+        raw[start:start + len(data)] = data
+        path.write_bytes(bytes(raw))
+
+    return change
+
+
+def _sparse(size: int) -> Callable[[Path], None]:
+    """The segment grows to ``size`` bytes of holes: gigabytes claimed in a few blocks."""
+    def change(path: Path) -> None:
+        os.truncate(path, size)
+
+    return change
+
+
+def _vocab(text: bytes) -> Callable[[Path], None]:
+    """Another JSON vocabulary, the header pointing at it."""
+    def change(path: Path) -> None:
+        raw = path.read_bytes()
+        magic, kind, size, offset, length = jf.HEADER.unpack_from(raw)
+        body = raw[offset:]
+        new_offset = -(-(jf.HEADER.size + len(text)) // 8) * 8
+        header = jf.HEADER.pack(magic, kind, size, new_offset, len(text))
+        path.write_bytes(header + text + b"\0" * (new_offset - len(header) - len(text)) + body)
+
+    return change
+
+
+def _frame(payload: bytes) -> Callable[[Path], None]:
+    """A framed segment whose one record is ``payload``."""
+    def change(path: Path) -> None:
+        header = path.read_bytes()[:jf.HEADER.size]
+        path.write_bytes(header + jf.FRAME.pack(len(payload)) + payload
+                         + jf.FRAME.pack(len(payload)))
+
+    return change
+
+
+def _segment_symlink(target: str) -> Callable[[Path], None]:
+    def change(path: Path) -> None:
+        path.unlink()
+        path.symlink_to(target)
+
+    return change
+
+
+def _fixed_field(name: str, value: int) -> Callable[[Path], None]:
+    """One field of the first slot of an ``events`` segment (the trailer kept valid)."""
+    def change(path: Path) -> None:
+        raw = bytearray(path.read_bytes())
+        offset = jf.HEADER.unpack_from(raw)[3]
+        dtype = np.dtype([(f.name, "<i8" if f.type == pa.int64() else "<i4")
+                          for f in schema.TABLES["events"]] + [("_trailer", "<i8")])
+        slots = np.frombuffer(raw, dtype, (len(raw) - offset) // dtype.itemsize, offset).copy()
+        slots[name][0] = value
+        raw[offset:offset + slots.nbytes] = slots.tobytes()
+        path.write_bytes(bytes(raw))
+
+    return change
+
+
+# Hostile journal segments: every command reads what a rank left in its journal.
+JOURNAL_CASES: dict[str, tuple[str, Mutation]] = {
+    "seg:clean": (BASE, _segment(lambda p: None)),
+    "seg:clean-markers": (BASE, _segment(lambda p: None, "markers")),
+    "seg:sparse-3GB": (BASE, _segment(_sparse(3 << 30))),
+    "seg:sparse-1GB-markers": (BASE, _segment(_sparse(1 << 30), "markers")),
+    "seg:deep-vocab": (BASE, _segment(_vocab(b"[" * 1_000_000))),
+    "seg:deep-frame": (BASE, _segment(_frame(b"[" * 1_000_000 + b"]" * 1_000_000),
+                                      "markers")),
+    "seg:vocab-list": (BASE, _segment(_vocab(b"[1, 2]"))),
+    "seg:vocab-missing-column": (BASE, _segment(_vocab(b'{"phase": ["forward"]}'))),
+    "seg:vocab-not-json": (BASE, _segment(_vocab(b"{not json"))),
+    "seg:bad-magic": (BASE, _segment(_splice(0, b"NOTJOURN"))),
+    "seg:header-only": (BASE, _segment(lambda p: p.write_bytes(p.read_bytes()[:10]))),
+    "seg:offset-beyond": (BASE, _segment(_splice(16, struct.pack("<I", 1 << 30)))),
+    "seg:vocab-length-4GB": (BASE, _segment(_splice(20, struct.pack("<I", 2**32 - 1)))),
+    "seg:wrong-kind": (BASE, _segment(_splice(8, struct.pack("<I", 2)))),
+    "seg:frame-not-json": (BASE, _segment(_frame(b"[[1, 2"), "markers")),
+    "seg:frame-not-list": (BASE, _segment(_frame(b'{"a": 1}'), "markers")),
+    "seg:frame-short-rows": (BASE, _segment(_frame(b"[[1, 2, 3]]"), "markers")),
+    "seg:frame-wrong-types": (BASE, _segment(_frame(
+        b'[["x", 1, 0, 0, "close", 0, ""]]'), "markers")),
+    "seg:unit-code-out-of-range": (BASE, _segment(_fixed_field("unit", 10_000))),
+    "seg:negative-step": (BASE, _segment(_fixed_field("step", -7))),
+    "seg:huge-micro_step": (BASE, _segment(_fixed_field("micro_step", 2**31 - 1))),
+    "seg:zeros": (BASE, _segment(lambda p: p.write_bytes(b"\0" * 4096))),
+    "seg:symlink-passwd": (BASE, _segment(_segment_symlink("/etc/passwd"))),
+    "seg:symlink-zero": (BASE, _segment(_segment_symlink("/dev/zero"))),
+}
+
+CASES.update(SCHEMA_2_CASES)
+CASES.update(JOURNAL_CASES)
+
+
 def build(name: str, target: Path, *, seed: int) -> Path:
     """The run dir of case ``name`` under ``target``, reproducible from ``seed``."""
     base, mutate = CASES[name]
@@ -392,3 +691,50 @@ def run_isolated(run: Path, *, memory_bytes: int, timeout_s: int) -> tuple[list[
                    else f"child failed: {data}")
             return [Outcome("all", -1, "", why, False, True, 0.0)], peak
         return [Outcome(**o) for o in data], peak
+
+
+# ------------------------------------------------------------------ the whole corpus, counted
+def bad_outcomes(outcomes: list[Outcome], *, limit_s: float) -> list[str]:
+    """What is wrong with each command's outcome: an internal error, a traceback, a crash, more
+    than one line (an unreadable-chunk warning aside), an escape on stdout, too slow."""
+    bad = []
+    for o in outcomes:
+        lines = [line for line in o.stderr.splitlines()
+                 if not line.startswith("fsdptrace: warning: skipping ")]
+        why = ("internal error" if "internal error" in o.stderr else
+               "traceback or crash" if o.traceback or o.exit_code not in (0, 1, 2) else
+               "more than one line" if len(lines) > 1 else
+               "escape on stdout" if o.stdout_has_escape else
+               f"{o.seconds:.0f} s" if o.seconds > limit_s else "")
+        if why:
+            bad.append(f"{o.command}: {why}: {(lines or [''])[-1][:160]}")
+    return bad
+
+
+def main() -> int:
+    """``python -m tests.hostile_corpus [NAME_PREFIX ...]``: every case (or those whose name
+    starts with a prefix), every command, under a 2 GB address-space cap and 60 s per
+    command; prints each bad run and the count."""
+    import sys
+
+    prefixes = sys.argv[1:] or [""]
+    CASES.update(MANY_CASES)
+    names = [n for n in CASES if any(n.startswith(p) for p in prefixes)]
+    num_bad = num_runs = 0
+    for name in names:
+        with tempfile.TemporaryDirectory() as scratch:
+            run = build(name, Path(scratch), seed=16)
+            outcomes, peak = run_isolated(run, memory_bytes=2 << 30,
+                                          timeout_s=60 * len(COMMANDS))
+        bad = bad_outcomes(outcomes, limit_s=60)
+        num_runs += len(COMMANDS)
+        num_bad += len(COMMANDS) if outcomes[0].command == "all" else len(bad)
+        for line in bad:
+            print(f"BAD {name} / {line}", flush=True)
+        print(f"{name}: {len(bad)} bad, peak {peak >> 20} MiB", flush=True)
+    print(f"{num_bad} bad of {num_runs} runs ({len(names)} cases x {len(COMMANDS)} commands)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -17,6 +17,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
+# Set to a file to have every launch appended to it as a JSON line (which test, what script):
+# how the suite's job count is measured (``FSDPTRACE_TEST_JOB_LOG=$PWD/jobs.jsonl make test``).
+# Launches that do not go through here (tests running ``torchrun`` or ``fsdptrace record``
+# themselves) are not logged.
+JOB_LOG = "FSDPTRACE_TEST_JOB_LOG"
 
 
 def free_port() -> int:
@@ -35,6 +40,7 @@ class RankResult:
 def start_ranks(args: list[str], *, nproc: int = 2, env: dict[str, str] | None = None
                 ) -> list[subprocess.Popen]:
     """Start ``python ARGS...`` once per rank with torchrun's environment variables."""
+    log_launch(args, nproc)
     port = str(free_port())
     procs = []
     for rank in range(nproc):
@@ -54,6 +60,17 @@ def start_ranks(args: list[str], *, nproc: int = 2, env: dict[str, str] | None =
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     return procs
+
+
+def log_launch(args: list[str], nproc: int) -> None:
+    """Append this launch to ``$FSDPTRACE_TEST_JOB_LOG`` when it is set (one line each)."""
+    path = os.environ.get(JOB_LOG)
+    if path:
+        line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+                "args": [str(a) for a in args], "nproc": nproc}
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(line) + "\n")
 
 
 def wait_ranks(procs: list[subprocess.Popen], *, timeout_s: float = 120.0) -> list[RankResult]:

@@ -18,20 +18,42 @@ from fsdptrace.trace import Trace
 PASS = ["rank", "step", "micro_step", "phase"]
 
 
+def stop_points(trace: Trace) -> dict[int, tuple]:
+    """Per rank whose ending is not clean, its last record: ("pass", step, micro_step, phase),
+    ("eval", interval) or ("boundary", step); one ``seq`` numbers all three."""
+    clean = endings.clean_ranks(trace.markers, trace.ranks)
+    last: dict[int, tuple[int, tuple]] = {}
+
+    def see(rank: int, seq: int, place: tuple) -> None:
+        if rank not in clean and (rank not in last or seq > last[rank][0]):
+            last[rank] = (seq, place)
+
+    for r, q, s, m, p in zip(trace.events["rank"], trace.events["seq"], trace.events["step"],
+                             trace.events["micro_step"], trace.events["phase"], strict=True):
+        see(int(r), int(q), ("pass", int(s), int(m), str(p)))
+    for r, q, s in zip(trace.eval_forwards["rank"], trace.eval_forwards["seq"],
+                       trace.eval_forwards["step"], strict=True):
+        see(int(r), int(q), ("eval", int(s)))
+    markers = trace.markers
+    for r, q, s, k in zip(markers["rank"], markers["seq"], markers["step"], markers["kind"],
+                          strict=True):
+        if str(k) == schema.MARKER_OPTIMIZER_STEP:
+            see(int(r), int(q), ("boundary", int(s)))
+    return {rank: place for rank, (_, place) in last.items()}
+
+
 def passes(trace: Trace) -> dict[tuple, list[str]]:
     """Per pass (rank, step, micro_step, phase): its calls in order, every call kept.
 
-    Cut-off passes are left out: each rank whose ending is not clean loses its last
-    micro-step (the recording stops there, so it is not an order the job ran).
+    Cut-off passes are left out: the pass holding the stop point of each rank whose ending is
+    not clean (the recording stops there, so it is not an order the job ran).
     """
     events = trace.events.astype({"phase": str, "unit": str}).sort_values(["rank", "seq"])
-    clean = endings.clean_ranks(trace.markers, trace.ranks)
+    stops = stop_points(trace)
     out: dict[tuple, list[str]] = {}
     for rank, mine in events.groupby("rank"):
-        cut_off = None if rank in clean else max(zip(mine["step"], mine["micro_step"],
-                                                     strict=True))
         for key, calls in mine.groupby(PASS[1:], sort=False):
-            if (key[0], key[1]) != cut_off:
+            if ("pass", *key) != stops.get(int(rank)):
                 out[(int(rank), int(key[0]), int(key[1]), key[2])] = list(calls["unit"])
     return out
 
@@ -107,11 +129,23 @@ def unit_set(trace: Trace, rank: int) -> frozenset[str]:
     return frozenset(units.loc[units["rank"] == rank, "unit"].astype(str))
 
 
-def _majority(values: dict[int, object]) -> object:
-    """The most common value among ranks; ties go to the value of the lowest rank."""
+def _references(values: dict[int, object]) -> dict[int, tuple[object, int]]:
+    """Per rank whose value is not the majority's: (the value it is set against, the lowest
+    rank holding that). With no strict majority every rank is set against another side: the
+    side holding the lowest rank outside its own."""
     counts = Counter(values.values())
     best = max(counts.values())
-    return next(values[r] for r in sorted(values) if counts[values[r]] == best)
+    top = [v for v in counts if counts[v] == best]
+    lowest = {v: min(r for r in values if values[r] == v) for v in counts}
+    out = {}
+    for rank, value in values.items():
+        if len(top) == 1:
+            if value != top[0]:
+                out[rank] = (top[0], lowest[top[0]])
+        else:
+            other = min((v for v in counts if v != value), key=lambda v: lowest[v])
+            out[rank] = (other, lowest[other])
+    return out
 
 
 def rank_divergence(trace: Trace) -> set[tuple]:
@@ -126,14 +160,13 @@ def rank_divergence(trace: Trace) -> set[tuple]:
     for (_, step, micro, phase), orders in by_slot.items():
         if len(orders) < 2:
             continue
-        reference = _majority(orders)
-        assert isinstance(reference, tuple)
-        for rank, order in orders.items():
-            if order != reference:
-                index = next(i for i in range(max(len(order), len(reference)) + 1)
-                             if _at(order, i) != _at(reference, i))
-                found.add((rank, step, micro, phase, index, _at(order, index),
-                           _at(reference, index)))
+        for rank, (reference, _) in _references(orders).items():
+            assert isinstance(reference, tuple)
+            order = orders[rank]
+            index = next(i for i in range(max(len(order), len(reference)) + 1)
+                         if _at(order, i) != _at(reference, i))
+            found.add((rank, step, micro, phase, index, _at(order, index),
+                       _at(reference, index)))
     return found
 
 
@@ -166,9 +199,9 @@ def prefetch_config_divergence(trace: Trace) -> set[tuple]:
         for group in configs.values():
             if len(group) < 2:
                 continue
-            reference = _majority(group)
-            for rank, config in group.items():
-                if config != reference and (rank, config) not in seen:
+            for rank in sorted(_references(group)):
+                config = group[rank]
+                if (rank, config) not in seen:
                     seen.add((rank, config))
                     found.add((rank, step, micro))
     return found
@@ -189,15 +222,6 @@ def order_instability(trace: Trace) -> set[tuple]:
     return found
 
 
-def _cut_off(trace: Trace) -> dict[int, tuple[int, int, str]]:
-    """Per rank whose ending is not clean: (step, micro_step, phase) of its last event."""
-    clean = endings.clean_ranks(trace.markers, trace.ranks)
-    events = trace.events.sort_values(["rank", "seq"])
-    return {int(r): (int(m["step"].iloc[-1]), int(m["micro_step"].iloc[-1]),
-                     str(m["phase"].iloc[-1]))
-            for r, m in events.groupby("rank") if int(r) not in clean}
-
-
 def gradient_divergence(trace: Trace) -> set[tuple]:
     """Rule 10: (rank, step, micro_step where its gradients began to differ, unit, parameters
     that differ), once per (rank, step, unit).
@@ -205,15 +229,15 @@ def gradient_divergence(trace: Trace) -> set[tuple]:
     Per (step, micro_step, unit) on two or more ranks with the same units: each rank's set of
     parameters with a gradient to reduce (received, carried, zero-filled) against the most
     common set. Slots told ``reduce_scatter_unused_params`` on every rank are not compared;
-    cut-off micro-steps are skipped.
+    a backward a rank stopped in is cut off.
     """
-    cut = _cut_off(trace)
+    stops = stop_points(trace)
     rows = trace.backward_grads.dropna(subset=["param"])
     sets: dict[tuple, dict[int, tuple[frozenset, frozenset, bool]]] = {}
     for (rank, step, micro, unit), mine in rows.groupby(["rank", "step", "micro_step", "unit"],
                                                       observed=True):
         rank, step, micro = int(rank), int(step), int(micro)
-        if cut.get(rank, (None, None))[:2] == (step, micro):
+        if stops.get(rank) == ("pass", step, micro, schema.BACKWARD):
             continue
         state = mine["state"].astype(str)
         reduced = frozenset(mine.loc[state.isin(["received", "carried", "zero_filled"]),
@@ -228,10 +252,11 @@ def gradient_divergence(trace: Trace) -> set[tuple]:
     for (_, step, micro, unit), by_rank in sorted(sets.items(), key=lambda kv: kv[0][1:]):
         if len(by_rank) < 2 or all(told for _, _, told in by_rank.values()):
             continue
-        reference = frozenset(_majority({r: v[0] for r, v in by_rank.items()}))  # type: ignore[arg-type]
-        reference_rank = min(r for r, v in by_rank.items() if v[0] == reference)
+        references = _references({r: v[0] for r, v in by_rank.items()})
         for rank, (reduced, received, _) in by_rank.items():
             key = (rank, step, unit)
+            reference, reference_rank = references.get(
+                rank, (reduced, min(r for r, v in by_rank.items() if v[0] == reduced)))
             if received != by_rank[reference_rank][1]:
                 began[key] = min(began.get(key, micro), micro)
             if reduced != reference and key not in first:
@@ -259,8 +284,12 @@ def eval_divergence(trace: Trace) -> set[tuple]:
     """Rule 11: (rank, interval, index of the first difference, its unit, the majority's unit).
 
     A rank's eval interval ``k`` is its eval forwards' units in order; it reached the interval
-    if it trained in step ``k``, passed boundary ``k-1``, or ran an eval forward there.
+    if it trained in step ``k``, passed boundary ``k-1``, or ran an eval forward there. The
+    interval a rank stopped in (or was about to begin, stopped at boundary ``k-1``) is cut off.
     """
+    stops = stop_points(trace)
+    cut = {(r, p[1]) for r, p in stops.items() if p[0] == "eval"}
+    cut |= {(r, p[1] + 1) for r, p in stops.items() if p[0] == "boundary"}
     evals = trace.eval_forwards.sort_values(["rank", "seq"])
     reached = {(int(r), int(s)) for r, s in zip(trace.events["rank"], trace.events["step"],
                                                 strict=True)}
@@ -268,7 +297,7 @@ def eval_divergence(trace: Trace) -> set[tuple]:
                                                       trace.gradients["step"], strict=True)}
     reached |= {(int(r), int(s)) for r, s in zip(evals["rank"], evals["step"], strict=True)}
     intervals: dict[tuple, dict[int, tuple[str, ...]]] = {}
-    for rank, step in reached:
+    for rank, step in reached - cut:
         mine = evals[(evals["rank"] == rank) & (evals["step"] == step)]
         intervals.setdefault((unit_set(trace, rank), step), {})[rank] = tuple(
             mine["unit"].astype(str))
@@ -276,44 +305,56 @@ def eval_divergence(trace: Trace) -> set[tuple]:
     for (_, step), by_rank in intervals.items():
         if len(by_rank) < 2:
             continue
-        reference = _majority(by_rank)
-        assert isinstance(reference, tuple)
-        for rank, interval in by_rank.items():
-            if interval != reference:
-                index = next(i for i in range(max(len(interval), len(reference)) + 1)
-                             if _at(interval, i) != _at(reference, i))
-                found.add((rank, step, index, _at(interval, index), _at(reference, index)))
+        for rank, (reference, _) in _references(by_rank).items():
+            assert isinstance(reference, tuple)
+            interval = by_rank[rank]
+            index = next(i for i in range(max(len(interval), len(reference)) + 1)
+                         if _at(interval, i) != _at(reference, i))
+            found.add((rank, step, index, _at(interval, index), _at(reference, index)))
     return found
 
 
-def setting_divergence(trace: Trace) -> set[tuple]:
-    """Rule 12: (rank, step, micro_step, unit, setting) where a rank's value differs from the
-    most common value among ranks with its units.
+# Settings one call changes together: one cause, one finding (their names joined).
+LINKED = {"requires_all_reduce": "requires_gradient_sync"}
 
-    Compared where some rank's setting changed (a row), on every rank that ran that
-    micro-step (a stalled rank's last micro-step only if its forward was complete).
+
+def setting_divergence(trace: Trace) -> set[tuple]:
+    """Rule 12: (rank, step, micro_step, unit, setting(s)) where a rank's value differs from
+    the most common value among ranks with its units.
+
+    Compared where some rank's setting changed (a row), at a point every compared rank
+    recorded: a micro-step a rank ran but the pass it stopped in; in a backward it stopped in,
+    the units whose post-backward it recorded (``backward_grads`` rows). Settings one call
+    changes together are one finding, their names joined in the contract's order.
     """
-    cut = _cut_off(trace)
+    stops = stop_points(trace)
     ran = {(int(r), int(s), int(m)) for r, s, m in zip(
         trace.events["rank"], trace.events["step"], trace.events["micro_step"], strict=True)}
-    ran -= {(r, s, m) for r, (s, m, phase) in cut.items() if phase == schema.FORWARD}
+    ran -= {(r, p[1], p[2]) for r, p in stops.items() if p[0] == "pass"}
+    grads = trace.backward_grads
+    reached = {(int(r), int(s), int(m), str(u)) for r, s, m, u in zip(
+        grads["rank"], grads["step"], grads["micro_step"], grads["unit"], strict=True)
+        if stops.get(int(r)) == ("pass", int(s), int(m), schema.BACKWARD)}
     rows = trace.settings
     changed = {(int(s), int(m), str(u), str(n)) for s, m, u, n in zip(
         rows["step"], rows["micro_step"], rows["unit"], rows["setting"], strict=True)}
-    found = set()
+    differ: dict[tuple, list[str]] = {}
     for step, micro, unit, setting in changed:
         values: dict[frozenset, dict[int, str]] = {}
-        for rank in sorted({r for r, s, m in ran if (s, m) == (step, micro)}):
+        compared = {r for r, s, m in ran if (s, m) == (step, micro)}
+        compared |= {r for r, s, m, u in reached if (s, m, u) == (step, micro, unit)}
+        for rank in sorted(compared):
             value = _setting_at(trace, rank, step, micro, unit, setting)
             if value is not None:
                 values.setdefault(unit_set(trace, rank), {})[rank] = value
         for by_rank in values.values():
             if len(by_rank) < 2:
                 continue
-            reference = _majority(by_rank)
-            found |= {(rank, step, micro, unit, setting) for rank, value in by_rank.items()
-                      if value != reference}
-    return found
+            for rank in _references(by_rank):
+                cause = LINKED.get(setting, setting)
+                differ.setdefault((rank, step, micro, unit, cause), []).append(setting)
+    return {(*key[:4], ", ".join(sorted(names, key=schema.SETTING_NAMES.index)))
+            for key, names in differ.items()}
 
 
 def as_frame(found: set[tuple], columns: list[str]) -> pd.DataFrame:

@@ -79,7 +79,7 @@ def test_every_format_renders_to_a_path_by_name(scenario_runs: Path, tmp_path: P
                                                 name: str) -> None:
     analysis = fsdptrace.analyze(scenario_runs / "wrong-forward-prefetch", jobs=1)
     out = tmp_path / "out"
-    analysis.write(out, format=name)
+    fsdptrace.write(analysis, out, format=name)
     stream = io.StringIO()
     FORMATS[name].render(analysis, stream)
     assert out.read_text() == stream.getvalue() != ""
@@ -91,16 +91,16 @@ def test_every_format_renders_to_a_path_by_name(scenario_runs: Path, tmp_path: P
 def test_render_picks_the_format_from_the_file_name(scenario_runs: Path, tmp_path: Path,
                                                    file_name: str, starts: str) -> None:
     analysis = fsdptrace.analyze(scenario_runs / "wrong-forward-prefetch", jobs=1)
-    analysis.write(tmp_path / file_name)
+    fsdptrace.write(analysis, tmp_path / file_name)
     assert (tmp_path / file_name).read_text().lower().startswith(starts.lower())
 
 
 def test_render_refuses_an_unknown_format_or_a_bad_path(scenario_runs: Path) -> None:
     analysis = fsdptrace.analyze(scenario_runs / "clean", jobs=1)
     with pytest.raises(fsdptrace.FsdptraceError, match="unknown format 'pdf'"):
-        analysis.write("x.pdf", format="pdf")
+        fsdptrace.write(analysis, "x.pdf", format="pdf")
     with pytest.raises(fsdptrace.FsdptraceError, match="does not exist"):
-        analysis.write("/nonexistent/report.html")
+        fsdptrace.write(analysis, "/nonexistent/report.html")
 
 
 # --- every command with every format ---------------------------------------------------------

@@ -13,43 +13,36 @@ import pandas as pd
 import pytest
 
 import fsdptrace
-from tests.jobs import REPO, assert_ok, case_result, run_ranks
+from tests.jobs import case_result
+from tests.recordings import CATALOGUE, Recordings
 
-JOBS = REPO / "tests" / "jobs_scripts"
-CASES = ["skipped_unit", "bypass_kept_buffers", "accumulate_unsharded",
-         "reshard_after_backward_left_off", "dead_edge", "eval_before_step", "even_eval",
-         "same_sync", "skipped_unit_live", "bypass_kept_buffers_live"]
+CASES = CATALOGUE["check_cases"]
 RANKS = (0, 1)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The ``check_cases.py`` run dirs by name, all recorded in one launch."""
-    out = tmp_path_factory.mktemp("checks_v2")
-    assert_ok(run_ranks([str(JOBS / "check_cases.py"), "--out", str(out), *CASES],
-                        timeout_s=150))
+def runs(recordings: Recordings) -> dict[str, Path]:
+    """The ``check_cases.py`` run dirs by name, from the session's catalogue launch."""
+    out = recordings.catalogue("check_cases")
     return {name: out / name for name in CASES}
 
 
-class _Lazy(dict[str, Path]):
-    """Run dirs of ``divergence_job.py`` scenarios, each recorded when first asked for."""
+class _Divergence(dict[str, Path]):
+    """Run dirs of ``divergence_job.py`` scenarios from the session's shared recordings
+    (``test_recorded_for_checks`` reads the same jobs)."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, recordings: Recordings) -> None:
         super().__init__()
-        self.out = out
+        self.recordings = recordings
 
     def __missing__(self, scenario: str) -> Path:
-        run_dir = self.out / scenario
-        run_dir.mkdir()
-        run_ranks([str(JOBS / "divergence_job.py"), "--out", str(run_dir), scenario],
-                  timeout_s=60)
-        self[scenario] = run_dir
-        return run_dir
+        self[scenario] = self.recordings.divergence(scenario)[0]
+        return self[scenario]
 
 
 @pytest.fixture(scope="module")
-def diverging(tmp_path_factory: pytest.TempPathFactory) -> _Lazy:
-    return _Lazy(tmp_path_factory.mktemp("diverging"))
+def diverging(recordings: Recordings) -> _Divergence:
+    return _Divergence(recordings)
 
 
 def where(findings: pd.DataFrame, check: str, columns: list[str]) -> set[tuple]:
@@ -78,7 +71,8 @@ def test_a_real_bypass_with_kept_buffers_is_an_error(runs: dict[str, Path]) -> N
     assert [kind for kind, _ in case_result(runs["bypass_kept_buffers"], 0)[
         "b_weight_after_backward"]] == ["DTensor", "Parameter"] * 2
     assert where(findings, "bypassed-unit", ["rank", "step", "unit", "parameters"]) == {
-        (r, s, "b", "fc.weight, fc.bias") for r in RANKS for s in (1, 3)}
+        # Named by their model FQNs, in FSDP2's own order (records/params.py).
+        (r, s, "b", "b.fc.weight, b.fc.bias") for r in RANKS for s in (1, 3)}
     pending = findings[findings["check"] == "pending-all-gather"]
     assert set(zip(pending["rank"], pending["step"], pending["unit"], strict=True)) == {
         (r, s, "b") for r in RANKS for s in (1, 3)}
@@ -140,8 +134,9 @@ def test_an_edge_dead_for_a_whole_step_warns_once(runs: dict[str, Path]) -> None
                  ["rank", "step", "micro_step", "phase", "unit", "target", "severity"]) == {
         (r, s, 0, "forward", "b", "c", "warning") for r in RANKS for s in (0, 1)}
     assert findings["message"].str.contains(
-        "at all 2 call(s) of b in 2 micro-step(s), its all-gather was already pending "
-        "(gathered by prefetch from a)", regex=False).all()
+        "at 2 call(s) of b in 2 micro-step(s), its all-gather was already pending "
+        "(gathered by prefetch from a), so FSDP2 made it a no-op; it did its work at no call",
+        regex=False).all()
 
 
 def test_an_eval_forward_before_the_step_is_named_as_the_cause(runs: dict[str, Path]) -> None:
@@ -159,18 +154,24 @@ def test_an_eval_forward_before_the_step_is_named_as_the_cause(runs: dict[str, P
 
 def test_gradients_diverging_in_a_no_sync_micro_step(diverging: dict[str, Path]) -> None:
     """Rank 1 alone uses ``c.extra`` in a no-sync micro-step; FSDP2 then reduce-scatters 4
-    parameters of ``c`` on rank 1 against 2 on rank 0 and gloo aborts rank 0 (see
-    ``test_recorded_for_checks``). Rule 10 reports rank 1 at micro-step 0, where the gradients
-    began to differ; rule 6 says both ranks stopped at the same place."""
+    parameters of ``c`` on rank 1 against 2 on rank 0 and gloo aborts the ranks in the backward
+    of micro-step 1 (see ``test_recorded_for_checks``). With two ranks there is no majority:
+    rule 10 reports both sides at micro-step 0, where the gradients began to differ, and the
+    verdict (rule 6) names that divergence as the root cause of both stops (CHECKS.md v3;
+    version 2 blamed rank 1 by its rank number and called the stop a stall below ``<root>``)."""
     findings = fsdptrace.analyze(diverging["one_rank_param_in_no_sync"]).findings
     assert where(findings, "gradient-divergence",
                  ["rank", "step", "micro_step", "phase", "unit", "parameters"]) == {
-        (1, 0, 0, "backward", "c", "c.extra.bias, c.extra.weight")}
-    message = findings.loc[findings["check"] == "gradient-divergence", "message"].iloc[0]
-    assert "holds gradients for c.extra.bias, c.extra.weight that rank 0 lacks" in message
+        (r, 0, 0, "backward", "c", "c.extra.bias, c.extra.weight") for r in RANKS}
+    messages = findings.loc[findings["check"] == "gradient-divergence", "message"]
+    assert messages.str.contains("no majority: the 2 ranks disagree, rank 0 | rank 1").all()
+    assert messages.str.contains(
+        "holds gradients for c.extra.bias, c.extra.weight that rank 0 lacks").any()
     stalled = findings[findings["check"] == "stalled-rank"]
     assert set(stalled["rank"]) == {0, 1}
-    assert stalled["message"].str.contains("no rank diverged before the stop").all()
+    assert stalled["message"].str.contains(
+        "root cause: the ranks diverged before the stop with no majority (ranks 0, 1 each "
+        "differ from another side), first gradient-divergence: ", regex=False).all()
 
 
 @pytest.mark.parametrize("scenario", ["one_rank_param_told_unused", "same_sync"])
@@ -186,29 +187,38 @@ def test_gradients_clean_twins(runs: dict[str, Path], diverging: dict[str, Path]
 
 def test_uneven_eval_batches(runs: dict[str, Path], diverging: dict[str, Path]) -> None:
     """2 validation batches on rank 0, 3 on rank 1: FSDP2 all-gathers in each, rank 1 waits in
-    the third's first all-gather until rank 0 exits. Rule 11 reports rank 1's interval 1 (the
-    tie goes to rank 0's) from its ninth eval forward; the even twin is clean."""
+    the third's second all-gather until rank 0 exits. Rank 1 stopped inside eval interval 1,
+    so that interval is cut off (no rule 11 finding, CHECKS.md v3); the verdict compares it
+    with rank 0's complete interval over the 10 eval forwards rank 1 recorded and, with two
+    ranks, gives both sides. The even twin is clean."""
     findings = fsdptrace.analyze(diverging["uneven_eval"]).findings
-    assert where(findings, "eval-divergence", ["rank", "step", "position", "unit", "target"]) \
-        == {(1, 1, 8, "<root>", "<end>")}
-    message = findings.loc[findings["check"] == "eval-divergence", "message"].iloc[0]
-    assert "ran 10 eval forwards in eval interval 1" in message
-    assert "<root> x3, a x3, b x2, c x2" in message and "ran 8:" in message
+    assert set(findings["check"]) == {"stalled-rank"}, findings[["check", "message"]]
+    message = findings["message"].iloc[0]
+    assert list(findings["rank"]) == [1]
+    assert "stopped at eval forward 9 of eval interval 1 (after optimizer step 0), a;" in message
+    assert ("root cause: the ranks diverged before the stop with no majority (ranks 0, 1 each "
+            "differ from another side), first inside the stopped eval interval (eval interval "
+            "1, compared over the 10 call(s) every rank recorded): rank 0 ran <end> at index 8 "
+            "where rank 1") in message
     assert fsdptrace.analyze(runs["even_eval"]).findings.empty
 
 
 def test_one_rank_skipping_gradient_sync(diverging: dict[str, Path]) -> None:
     """Rank 1 leaves gradient sync off for micro-step 1: FSDP2's ``set_requires_gradient_sync``
-    sets ``requires_all_reduce`` with it, and the ranks issue different collectives until one
-    gloo recv times out. Rule 12 reports both settings of every unit on rank 1 (the tie goes to
-    rank 0); rule 6 names the rank furthest behind. The twin is ``same_sync``."""
+    sets ``requires_all_reduce`` with it, and the ranks issue different collectives until a
+    gloo recv times out in that micro-step's backward, where both had recorded ``c``'s
+    post-backward only (the units' later settings are not compared, CHECKS.md v3). Rule 12:
+    one finding per rank for ``c`` (one cause: both settings), both sides given (two ranks,
+    no majority); rule 6 names it as the root cause. The twin is ``same_sync``."""
     findings = fsdptrace.analyze(diverging["one_rank_skips_sync"]).findings
     assert where(findings, "setting-divergence", ["rank", "step", "micro_step", "unit",
                                                   "target"]) == {
-        (1, 0, 1, u, s) for u in ("a", "b", "c")
-        for s in ("requires_gradient_sync", "requires_all_reduce")}
+        (r, 0, 1, "c", "requires_gradient_sync, requires_all_reduce") for r in RANKS}
     divergent = findings[findings["check"] == "setting-divergence"]
-    assert divergent["message"].str.contains(" = false, where 1 rank(s), e.g. rank 0, had true",
-                                             regex=False).all()
+    assert divergent["message"].str.contains(
+        "c's requires_gradient_sync, requires_all_reduce = false, false, where rank 0 (no "
+        "majority: the 2 ranks disagree, rank 0 | rank 1; neither side is the outlier by its "
+        "rank number) had true, true", regex=False).any()
     stalled = findings[findings["check"] == "stalled-rank"]
-    assert stalled["message"].str.contains("furthest behind|further behind").all()
+    assert set(stalled["rank"]) == {0, 1}
+    assert stalled["message"].str.contains("first setting-divergence: ", regex=False).all()

@@ -18,7 +18,8 @@ from fsdptrace_cli.main import cli
 import fsdptrace
 from fsdptrace.render.diff_report import render_text
 from fsdptrace.run_diff import EdgeChange, OrderChange, SettingChange, UnitChange
-from tests.jobs import REPO, assert_ok, run_ranks
+from tests.jobs import REPO
+from tests.recordings import Recordings
 
 SAMPLES = REPO / "sample_traces"
 CLEAN = SAMPLES / "clean"
@@ -29,10 +30,9 @@ def invoke(*args: str | Path) -> Result:
 
 
 @pytest.fixture(scope="module")
-def variants(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("variants")
-    assert_ok(run_ranks([str(REPO / "tests" / "jobs_scripts" / "diff_variants.py"), str(out)]))
-    return out
+def variants(recordings: Recordings) -> Path:
+    """``diff_variants.py``'s run dirs, from the session's catalogue."""
+    return recordings.catalogue("diff_variants")
 
 
 def test_a_run_against_itself_is_the_same() -> None:

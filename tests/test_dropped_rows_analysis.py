@@ -210,7 +210,7 @@ def test_ranges_summary_and_report_say_what_was_not_checked(tmp_path: Path) -> N
     pd.testing.assert_frame_equal(analyze(run_dir, ["stalled-rank"]).incomplete, ranges)
     text.render(analysis, out)
     assert out.getvalue() == (
-        f"OK: no findings across 2 of 2 ranks\nrun dir: {run_dir}\n"
+        f"INCOMPLETE: no findings in what was recorded across 2 of 2 ranks\nrun dir: {run_dir}\n"
         f"rank 1 dropped {2 + count:,} rows in steps 1-2: those micro-steps were not checked\n")
 
 

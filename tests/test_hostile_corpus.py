@@ -37,10 +37,36 @@ REFUSED = {
     "events:null-unit": "column unit has nulls", "events:negative-step": "column step holds -7",
     "utf8:events-unit": "UTF-8", "rows:2M-in-kilobytes": "decompression bomb",
     "row-groups:5000": "row groups", "strings:64MB-detail": "column detail decodes to",
+    # what schema 2 added, and tables of no rows or no folder
+    "allgathers:null-num_bytes": "column num_bytes has nulls",
+    "allgathers:negative-num_bytes": "column num_bytes holds -5",
+    "allgathers:huge-num_bytes": "column num_bytes holds",
+    "allgathers:null-group": "column group has nulls",
+    "allgathers:negative-group": "column group holds -3",
+    "events:struct-unit": "column types do not match", "events:list-unit": "column types",
+    "units:struct-unit": "column types do not match", "units:list-unit": "column types",
+    "allgathers:struct-unit": "column types do not match",
+    "settings:unknown-setting": "column setting holds 'teleport'",
+    "settings:null-unit": "column unit has nulls", "settings:negative-step": "column step",
+    "settings:long-value": "column value holds a text",
+    "backward_grads:huge-micro_step": "column micro_step holds",
+    "grads_written:null-written": "column written has nulls",
+    "eval_forwards:unknown-grad_mode": "column grad_mode holds 'sideways'",
+    "eval_forwards:negative-step": "column step holds -2",
+    "eval_forwards:huge-step": "column step holds",
+    # journal segments whose rows are no recording (as a Parquet part's would be)
+    "seg:negative-step": "column step holds -7", "seg:huge-micro_step": "column micro_step",
 }
 
 # Cases whose damaged chunk is skipped with one warning (the rest of the run dir is analyzed).
-SKIPPED_CASES = {"file:empty", "file:truncated", "file:symlink-passwd"}
+SKIPPED_CASES = {"file:empty", "file:truncated", "file:symlink-passwd",
+                 # a journal segment that cannot be read, whatever its size or nesting
+                 "seg:sparse-3GB", "seg:sparse-1GB-markers", "seg:deep-vocab", "seg:deep-frame",
+                 "seg:vocab-list", "seg:vocab-missing-column", "seg:vocab-not-json",
+                 "seg:bad-magic", "seg:header-only", "seg:offset-beyond", "seg:vocab-length-4GB",
+                 "seg:wrong-kind", "seg:frame-not-json", "seg:frame-not-list",
+                 "seg:frame-short-rows", "seg:frame-wrong-types", "seg:unit-code-out-of-range",
+                 "seg:symlink-passwd"}
 SKIPPED = "fsdptrace: warning: skipping "
 
 
@@ -118,3 +144,15 @@ def test_record_keeps_the_command_status_when_nothing_was_recorded(
                                       sys.executable, "-c", f"raise SystemExit({code})"])
     assert result.exit_code == code, result.output
     assert "nothing was recorded" in result.stderr
+
+
+def test_the_html_report_escapes_control_characters_in_names(tmp_path: Path) -> None:
+    """Autoescape leaves ESC, CSI and bidi controls raw; the page shows them as the text
+    outputs do (``\\x1b``), and the embedded JSON has them as ``\\u001b``."""
+    run = build("escapes:unit-names", tmp_path, seed=SEED)
+    page = tmp_path / "report.html"
+    result = CliRunner().invoke(cli, ["report", str(run), "-j", "1", "-o", str(page)])
+    assert result.exit_code == 0, result.output
+    html = page.read_text(encoding="utf-8")
+    assert not any(c in html for c in "\x1b\x9b\x07\u202e"), "raw control characters"
+    assert "\\x1b" in html or "\\u001b" in html

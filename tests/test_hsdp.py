@@ -3,9 +3,10 @@ the attribute layout this release does not have.
 
 One launch of ``tests/jobs_scripts/hsdp_cases.py`` runs every real case; each test judges what
 one case recorded. What hyper_parallel 0.1 does, observed in these jobs, is written next to the
-test that relies on it. The fake (``tests/fake_hsdp.py``) remains for the reference checker's
-newer layout (fused ``all_gather_buckets`` and ``allgather_comm_ctx``), which this release
-cannot produce.
+test that relies on it; a test with an FSDP2 twin names it and asserts the same findings
+(``tests/test_provenance.py``, ``tests/test_unsharded.py``). The fake (``tests/fake_hsdp.py``)
+remains for the reference checker's newer layout (fused ``all_gather_buckets`` and
+``allgather_comm_ctx``), which this release cannot produce.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from fsdptrace import LifecycleError
 from fsdptrace.record.launch import record_env
 from tests import fake_hsdp
 from tests.jobs import REPO, assert_ok, case_result, run_ranks
-from tests.jobs_scripts.tables import orders, read_table
+from tests.jobs_scripts.tables import orders, read_table, rows_of
 
 SCRIPT = REPO / "tests" / "jobs_scripts" / "hsdp_cases.py"
 WHEELS = REPO.parent / "shared" / "wheels"
@@ -41,6 +42,9 @@ BACKWARD = ["<root>", *LAYERS[::-1]]
 PASSES = [(rank, step, micro) for rank in (0, 1) for step in (0, 1) for micro in (0, 1)]
 BOUNDARIES = [(rank, step) for rank in (0, 1) for step in (0, 1)]
 EXTRA = ["extra.fc.bias", "extra.fc.weight"]
+BLOCK_BYTES = (8 * 8 + 8) * 4  # one Block's Linear(8, 8), float32, gathered whole
+WIDE_BYTES = (512 * 512 + 512) * 4  # the ledger cases' Linear(512, 512) units
+RANKS = (0, 1)
 
 real_hsdp = pytest.mark.skipif(
     importlib.util.find_spec("hyper_parallel") is None,
@@ -54,12 +58,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("hsdp")
     from tests.jobs_scripts.hsdp_cases import CASES
 
-    assert_ok(run_ranks([str(SCRIPT), "--out", str(out), *CASES], timeout_s=240))
+    assert_ok(run_ranks([str(SCRIPT), "--out", str(out), *CASES], timeout_s=600))
     return out
 
 
 def findings(run_dir: Path) -> pd.DataFrame:
     return fsdptrace.analyze(run_dir).findings
+
+
+def where(found: pd.DataFrame, check: str) -> set[tuple]:
+    rows = found[found["check"] == check]
+    return rows_of(rows, "rank", "step", "micro_step", "phase", "unit", "target")
 
 
 def keys(found: pd.DataFrame, check: str) -> list[tuple]:
@@ -111,31 +120,59 @@ def test_checkpoint_recompute_is_not_forward_order(runs: Path) -> None:
 @pytest.mark.slow
 def test_forward_prefetch_of_a_unit_that_never_runs(runs: Path) -> None:
     """HSDP issues the all-gather and nothing ever waits for it: its ``prefetch_handle`` stays
-    set and its ``all_gather_outputs`` held at every optimizer boundary, and training exits 0."""
+    set and its ``all_gather_outputs`` held at every optimizer boundary, and training exits 0.
+
+    Observed with provenance: one ``issue`` (step 0, micro-step 0), then every later prefetch
+    of ``extra`` is a no-op (its handle is still set), so in step 1 the edge did nothing at
+    all: redundant-prefetch, naming the gather of step 0 that is still pending. FSDP2's twin
+    (scenario ``missing-target``) drops the gather at the end of each backward and reports a
+    wasted prefetch per micro-step instead; hyper_parallel drops nothing, so no ``drop`` row
+    and no consume: check 8 has nothing to time, check 3 reports the held gather.
+    """
     found = findings(runs / "never-runs")
-    assert set(found["check"]) == {"prefetch-order", "pending-all-gather"}
+    assert set(found["check"]) == {"prefetch-order", "pending-all-gather", "redundant-prefetch"}
     assert keys(found, "prefetch-order") == [(*p, "extra") for p in PASSES]
     assert keys(found, "pending-all-gather") == [
         (rank, step, 1, param) for rank, step in BOUNDARIES for param in EXTRA]
     pending = found[found["check"] == "pending-all-gather"]
     assert set(pending["unit"]) == {"extra"}
-    assert pending["message"].str.contains("handle=set, output=not-consumed").all()
+    assert pending["message"].str.contains(
+        "handle=set, output=not-consumed (issued by prefetch from layers.3 in step 0 "
+        "micro-step 0)", regex=False).all()
     order = found[found["check"] == "prefetch-order"]
     assert order["message"].str.startswith(
         "layers.3 prefetched extra, but extra did not execute in forward").all()
+    assert where(found, "redundant-prefetch") == {
+        (rank, 1, 0, "forward", "layers.3", "extra") for rank in RANKS}
+    assert found["message"].str.contains(
+        "already pending (gathered by prefetch from layers.3)", regex=False).any()
+    table = read_table(runs / "never-runs", "allgathers")
+    extra = table[table["unit"] == "extra"]
+    assert rows_of(extra[extra["event"] == "issue"], "rank", "step", "micro_step") == {
+        (rank, 0, 0) for rank in RANKS}
+    assert rows_of(extra[extra["event"] != "issue"], "rank", "step", "micro_step", "event",
+                   "detail") == {(rank, step, micro, "noop", "pending") for rank in RANKS
+                                 for step, micro in ((0, 1), (1, 0), (1, 1))}
 
 
 @real_hsdp
 @pytest.mark.slow
-def test_wrong_backward_edge(runs: Path) -> None:
+@pytest.mark.parametrize("case", ["wrong-backward", "wrong-backward-raf"])
+def test_wrong_backward_edge(runs: Path, case: str) -> None:
     """``layers.1`` backward-prefetches ``layers.2``, whose backward already ran.
 
     Observed: layers.2's post-backward has resharded it by then, so the edge issues a real
-    all-gather that no one consumes; it is still pending at every optimizer boundary, and the
-    next forward of layers.2 would run on the pre-step gather.
+    all-gather that no one consumes in backward; it is still pending at every optimizer
+    boundary, and the next forward of layers.2 waits for it: a wasted prefetch, consumed
+    only in the next micro-step's forward (the last one of the run never is). So in step 1
+    layers.1's forward prefetch of layers.2 always finds that gather pending: redundant.
+    FSDP2's twin (scenario ``wrong-backward-prefetch``) drops the gather at the end of
+    backward: the same wasted prefetches, ended by a drop. The same findings with
+    ``reshard_after_forward=True`` (``-raf``: every unit re-gathered in backward).
     """
-    found = findings(runs / "wrong-backward")
-    assert set(found["check"]) == {"prefetch-order", "pending-all-gather"}
+    found = findings(runs / case)
+    assert set(found["check"]) == {"prefetch-order", "pending-all-gather", "wasted-prefetch",
+                                   "redundant-prefetch"}
     order = found[found["check"] == "prefetch-order"]
     assert keys(found, "prefetch-order") == [(*p, "layers.2") for p in PASSES]
     assert set(order["phase"]) == {"backward"}
@@ -144,6 +181,16 @@ def test_wrong_backward_edge(runs: Path) -> None:
     assert keys(found, "pending-all-gather") == [
         (rank, step, 1, f"layers.2.fc.{name}")
         for rank, step in BOUNDARIES for name in ("bias", "weight")]
+    assert where(found, "wasted-prefetch") == {
+        (rank, step, micro, "backward", "layers.1", "layers.2")
+        for rank, step, micro in PASSES if (step, micro) != (1, 1)}
+    wasted = found[found["check"] == "wasted-prefetch"]
+    assert wasted["message"].str.startswith(
+        f"layers.1 in backward prefetched layers.2 ({BLOCK_BYTES} bytes), "
+        "consumed only in step ").all()
+    assert set(wasted["bytes"]) == {BLOCK_BYTES}
+    assert where(found, "redundant-prefetch") == {
+        (rank, 1, 0, "forward", "layers.1", "layers.2") for rank in RANKS}
 
 
 @real_hsdp
@@ -151,9 +198,11 @@ def test_wrong_backward_edge(runs: Path) -> None:
 def test_ranks_with_different_prefetch_configuration(runs: Path) -> None:
     """Rank 0 prefetches one ahead, rank 1 not at all; both gather in the same order."""
     found = findings(runs / "config-divergence")
-    assert list(found["check"]) == ["prefetch-config-divergence"]
-    assert list(found["rank"]) == [1]
-    assert "layers.0 forward -> [] (rank 0: [layers.1])" in found["message"].iloc[0]
+    # Two ranks, no majority (CHECKS.md v3): both sides are given, neither is the outlier.
+    assert list(found["check"]) == ["prefetch-config-divergence"] * 2
+    assert sorted(found["rank"]) == [0, 1]
+    assert found["message"].str.contains("neither side is the outlier", regex=False).all()
+    assert "layers.0 forward -> [layers.1] (rank 1: [])" in " ".join(found["message"])
 
 
 @real_hsdp
@@ -163,11 +212,13 @@ def test_rank_divergence(runs: Path) -> None:
     pairs them up across ranks without a hang or an error (silently swapped parameters)."""
     found = findings(runs / "rank-divergence")
     assert set(found["check"]) == {"rank-divergence"}
+    # Two ranks, no majority (CHECKS.md v3): each rank is reported against the other.
     assert sorted(zip(found["rank"], found["step"], found["micro_step"], found["phase"],
-                      found["unit"], found["target"], strict=True)) == [
-        (1, step, micro, phase, *(("layers.1", "layers.2") if phase == "backward"
-                                  else ("layers.2", "layers.1")))
-        for step in (0, 1) for micro in (0, 1) for phase in ("backward", "forward")]
+                      found["unit"], found["target"], strict=True)) == sorted(
+        (rank, step, micro, phase, *(("layers.1", "layers.2") if (phase == "backward") == rank
+                                     else ("layers.2", "layers.1")))
+        for rank in (0, 1) for step in (0, 1) for micro in (0, 1)
+        for phase in ("backward", "forward"))
 
 
 @real_hsdp
@@ -207,10 +258,13 @@ def test_live_raising_stops_the_optimizer_step(runs: Path) -> None:
         assert f"on rank {rank} before optimizer step 0; the optimizer was not executed" in message
         assert "prefetch-order" in message and "pending-all-gather" in message
         assert result["changed"] == [] and result["optimizer_state"] == 0
-    # The live findings are on disk and are exactly the offline analysis's.
+    # The live findings are on disk and are the offline analysis's. Offline messages add
+    # all-gather provenance ("issued by ..."), a table the live path does not hold (as on
+    # FSDP2: test_live.py); the findings themselves are the same rows.
     on_disk = read_table(run_dir, "findings")
     offline = findings(run_dir)
-    assert _rows(on_disk) == _rows(offline[offline["severity"] == "error"])
+    assert _rows(on_disk, FINDING_COLUMNS[:-1]) == _rows(
+        offline[offline["severity"] == "error"], FINDING_COLUMNS[:-1])
     assert set(offline["check"]) == {"prefetch-order", "pending-all-gather"}
 
 
@@ -249,6 +303,239 @@ def test_backward_grads_and_settings_tables(runs: Path) -> None:
     assert read_table(run_dir, "eval_forwards").empty
 
 
+# --------------------------------------------------------------------- all-gather provenance
+PROVENANCE_CASES = ["clean", "clean-checkpoint", "never-runs", "wrong-backward",
+                    "redundant-prefetch", "manual-unshard", "ledger-keep", "ledger-raf",
+                    "clean-raf", "wrong-backward-raf"]
+
+
+@real_hsdp
+@pytest.mark.slow
+@pytest.mark.parametrize("case", PROVENANCE_CASES)
+def test_issues_are_the_all_gathers_hyper_parallel_ran(runs: Path, case: str) -> None:
+    """Per rank and unit, one ``issue`` row per gather of the unit hyper_parallel ran (its
+    per-parameter gathers counted inside the job), no more, no less. FSDP2's twin:
+    ``test_provenance.py::test_issues_are_the_all_gathers_fsdp_ran``."""
+    table = read_table(runs / case, "allgathers")
+    for rank in RANKS:
+        issues = table[(table["rank"] == rank) & (table["event"] == "issue")]
+        counted = case_result(runs / case, rank)["all_gathers"]
+        assert issues["unit"].astype(str).value_counts().to_dict() == counted
+
+
+@real_hsdp
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["clean", "clean-raf"])
+def test_every_issue_is_consumed_once(runs: Path, case: str) -> None:
+    """Between two issues of a unit there is exactly one consume (hyper_parallel drops none)."""
+    table = read_table(runs / case, "allgathers")
+    life = table[table["event"].isin(["issue", "consume", "drop"])]
+    for _, unit in life.groupby(["rank", "unit"], observed=True):
+        events = list(unit.sort_values("seq")["event"].astype(str))
+        assert events == ["issue", "consume"] * (len(events) // 2)
+
+
+@real_hsdp
+@pytest.mark.slow
+def test_issuers_of_a_chained_forward_and_backward(runs: Path) -> None:
+    """One ahead in forward, one back in backward, ``reshard_after_forward=True``: each layer
+    is gathered by its neighbour's prefetch, the first units of each phase by themselves
+    (the root, whose parameters are the head's, runs first in both). With ``False`` backward
+    gathers nothing: every unit is still unsharded from forward, and resharded after its
+    backward. FSDP2's twin: ``test_provenance.py::test_issuers_of_a_chained_forward``."""
+    table = read_table(runs / "clean-raf", "allgathers")
+    issues = table[table["event"] == "issue"]
+    assert rows_of(issues[issues["phase"] == "forward"], "unit", "issuer_kind",
+                   "issuer_unit") == {
+        ("<root>", "own", "<root>"), ("layers.0", "own", "layers.0"),
+        ("layers.1", "prefetch", "layers.0"), ("layers.2", "prefetch", "layers.1"),
+        ("layers.3", "prefetch", "layers.2")}
+    assert rows_of(issues[issues["phase"] == "backward"], "unit", "issuer_kind",
+                   "issuer_unit") == {
+        ("<root>", "own", "<root>"), ("layers.3", "own", "layers.3"),
+        ("layers.2", "prefetch", "layers.3"), ("layers.1", "prefetch", "layers.2"),
+        ("layers.0", "prefetch", "layers.1")}
+    assert set(issues["num_bytes"]) == {BLOCK_BYTES}
+    kept = read_table(runs / "clean", "allgathers")
+    backward = kept[kept["phase"] == "backward"]
+    assert set(backward["event"]) == {"reshard"}
+    assert set(backward["unit"]) == {*FORWARD}
+
+
+@real_hsdp
+@pytest.mark.slow
+def test_reshard_after_forward_runs_clean_with_hyper_parallels_missing_fix(runs: Path) -> None:
+    """hyper_parallel 0.1 fails in backward with ``reshard_after_forward=True`` on any process
+    group (its re-gather bumps the version counter of a parameter forward saved; README, and
+    ``hsdp_cases.preserve_version_counter``). With the fix FSDP2 has applied in the job, it
+    trains to the parameters ``False`` gives (same data, same seed), every check is clean,
+    and the wrong backward edge is found (``test_wrong_backward_edge``)."""
+    assert len(findings(runs / "clean-raf")) == 0
+    settings = read_table(runs / "clean-raf", "settings")
+    assert set(settings.loc[settings["setting"] == "reshard_after_forward", "value"]) == {
+        "true"}
+    for rank in RANKS:
+        raf = case_result(runs / "clean-raf", rank)["shard_sums"]
+        kept = case_result(runs / "clean", rank)["shard_sums"]
+        assert raf == pytest.approx(kept, rel=1e-5, abs=1e-6)
+
+
+@real_hsdp
+@pytest.mark.slow
+def test_prefetch_of_a_pending_unit_is_redundant(runs: Path) -> None:
+    """layers.0 prefetches layers.1 and layers.2: layers.1's prefetch of layers.2 finds it
+    pending at every call. Dead in every micro-step: one warning per step, at its first
+    no-op. FSDP2's twin: ``test_provenance.py`` (the same findings, the same message)."""
+    found = findings(runs / "redundant-prefetch")
+    assert set(found["check"]) == {"redundant-prefetch"}
+    assert where(found, "redundant-prefetch") == {
+        (rank, step, 0, "forward", "layers.1", "layers.2") for rank in RANKS
+        for step in (0, 1)}
+    assert found["message"].str.contains(
+        "already pending (gathered by prefetch from layers.0)", regex=False).all()
+
+
+@real_hsdp
+@pytest.mark.slow
+def test_manual_unshard_before_step_is_pending_with_its_issuer(runs: Path) -> None:
+    """``layers.1.unshard()`` right before ``optimizer.step()``: a blocking gather, consumed at
+    once, the unit left unsharded across the boundary. FSDP2's twin: ``test_provenance.py``."""
+    found = findings(runs / "manual-unshard")
+    pending = found[found["check"] == "pending-all-gather"]
+    assert set(found["check"]) == {"pending-all-gather"}
+    assert rows_of(pending, "rank", "step", "unit") == {
+        (rank, step, "layers.1") for rank in RANKS for step in (0, 1)}
+    assert pending["message"].str.contains("issued by manual unshard()", regex=False).all()
+    table = read_table(runs / "manual-unshard", "allgathers")
+    manual = table[table["issuer_kind"] == "manual"]
+    assert rows_of(manual, "unit", "event") == {("layers.1", "issue")}
+    assert manual["issuer_unit"].isna().all()
+
+
+@real_hsdp
+@pytest.mark.slow
+def test_wrappers_are_removed_on_close(runs: Path) -> None:
+    for rank in RANKS:
+        observed = case_result(runs / "clean", rank)
+        assert observed["wrapped_while_attached"] == 6  # root, four layers, extra
+        assert observed["wrapped_after_close"] == 0
+
+
+# --------------------------------------------------------------------- the memory ledger
+@real_hsdp
+@pytest.mark.slow
+def test_keeping_forward_parameters_shows_the_excess_and_its_cause(runs: Path) -> None:
+    """Four ``Linear(512, 512)`` units, ``reshard_after_forward=False``: they pile up in
+    forward and stay held into backward, each resharded after its own backward. FSDP2's
+    twin: ``test_unsharded.py`` (the same peaks, floors and excess)."""
+    trace = fsdptrace.load(runs / "ledger-keep")
+    peaks = trace.unsharded(peaks=True)
+    assert len(peaks) == 2 * 2 * 2 * 2  # ranks x steps x micro-steps x phases
+    assert set(peaks["peak_bytes"]) == {4 * WIDE_BYTES}
+    assert set(peaks["floor_bytes"]) == {WIDE_BYTES}
+    assert set(peaks["excess_bytes"]) == {3 * WIDE_BYTES}
+    backward = peaks[peaks["phase"] == "backward"].iloc[0]
+    assert backward["held_from_earlier"].count("forward)") == 4
+    ledger = trace.unsharded()
+    rank0 = ledger[(ledger["rank"] == 0) & (ledger["step"] == 0) & (ledger["micro_step"] == 0)]
+    assert list(rank0["held_bytes"])[:4] == [WIDE_BYTES * k for k in (1, 2, 3, 4)]
+    assert list(rank0["held_bytes"])[-1] == 0  # every gather ends in a reshard
+
+
+@real_hsdp
+@pytest.mark.slow
+def test_resharding_after_forward_holds_one_unit(runs: Path) -> None:
+    """With ``reshard_after_forward=True`` (``-raf``) one unit at a time in both phases.
+    FSDP2's twin holds two in backward: its implicit backward prefetch gathers the next unit
+    while one runs; hyper_parallel has no implicit prefetch, so the floor is one unit."""
+    peaks = fsdptrace.load(runs / "ledger-raf").unsharded(peaks=True)
+    assert set(peaks["peak_bytes"]) == {WIDE_BYTES}
+    assert (peaks["excess_bytes"] == 0).all() and (peaks["held_from_earlier"] == "").all()
+
+
+@real_hsdp
+@pytest.mark.slow
+def test_unsharded_excess_warns_with_its_cause_and_not_when_resharding(runs: Path) -> None:
+    """Check 13 as on FSDP2 (``test_unsharded.py``): one warning per rank and step, its worst
+    pass, 3 units above the floor, naming the setting that keeps them."""
+    assert not len(fsdptrace.analyze(runs / "ledger-raf", checks=["unsharded-excess"]).findings)
+    found = fsdptrace.analyze(runs / "ledger-keep", checks=["unsharded-excess"]).findings
+    assert set(found["severity"]) == {"warning"}
+    assert sorted(zip(found["rank"], found["step"], strict=True)) == [
+        (0, 0), (0, 1), (1, 0), (1, 1)]
+    assert set(found["bytes"]) == {3 * WIDE_BYTES}
+    message = found["message"].iloc[0]
+    assert "reshard_after_forward=False" in message and "held from an earlier pass" in message
+
+
+@real_hsdp
+@pytest.mark.slow
+def test_diff_and_chrome_trace_have_the_bytes(runs: Path) -> None:
+    from fsdptrace.render.chrome_trace import chrome_trace
+
+    changes = {c.phase: (c.bytes_a, c.bytes_b) for c in fsdptrace.diff(
+        runs / "ledger-raf", runs / "ledger-keep").allgather_bytes}
+    assert changes["forward peak unsharded"] == (WIDE_BYTES, 4 * WIDE_BYTES)
+    assert changes["backward peak unsharded"] == (WIDE_BYTES, 4 * WIDE_BYTES)
+    trace = fsdptrace.load(runs / "ledger-keep")
+    counters = [e for e in chrome_trace(trace, fsdptrace.analyze(trace).findings)["traceEvents"]
+                if e["ph"] == "C"]
+    assert {e["pid"] for e in counters} == {0, 1}
+    assert max(e["args"]["bytes"] for e in counters) == 4 * WIDE_BYTES
+
+
+@real_hsdp
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["clean", "clean-raf", "clean-replicated"])
+def test_collectives_are_numbered_as_the_group_counts_them(runs: Path, case: str) -> None:
+    """hyper_parallel issues one collective per sharded parameter (two per Block: weight and
+    bias). On the 1-D mesh: one all-gather row per parameter gather the job counted itself,
+    one reduce-scatter per parameter and micro-step issued by ``post_backward``, no all-reduce;
+    ``-raf`` adds the backward re-gathers. On the 2-D mesh of 2 replicas of 1 shard
+    (``-replicated``, observed: the gathers are local copies on the 1-rank shard group, whose
+    counter stays 0) only the gradients' all-reduces, one per parameter and micro-step, on the
+    replicate group. Numbered locally, each rank's rows on a group run without a gap up to
+    what the group's own counter read after training (observed: nothing else runs on these
+    groups); both ranks issued the same collectives under the same numbers. Each all-gather
+    names the issuer provenance gave its unit's gather (the same stack read, past
+    provenance's wrapper). FSDP2's twin: ``test_records_v3_collectives.py`` (a row per unit)."""
+    run_dir = runs / case
+    rows = read_table(run_dir, "collectives").sort_values("seq")
+    reduction = "all_reduce" if case == "clean-replicated" else "reduce_scatter"
+    assert set(rows["kind"]) == ({reduction} if case == "clean-replicated"
+                                 else {"all_gather", reduction})
+    num_micro_steps = len(PASSES) // len(RANKS)
+    sequences = {}
+    for rank in RANKS:
+        mine = rows[rows["rank"] == rank]
+        result = case_result(run_dir, rank)
+        for group, numbers in mine.groupby("group")["collective_seq"]:
+            assert list(numbers) == list(range(numbers.iloc[0], numbers.iloc[0] + len(numbers)))
+            assert numbers.iloc[-1] == result["group_numbers"][str(group)]
+        unused = set(result["group_numbers"]) - {str(g) for g in mine["group"]}
+        assert all(result["group_numbers"][g] == 0 for g in unused)
+        gathers = mine[mine["kind"] == "all_gather"].groupby("unit").size() // 2
+        if case != "clean-replicated":
+            assert gathers.to_dict() == result["all_gathers"]
+        reduced = mine[mine["kind"] == reduction]
+        assert reduced.groupby("unit").size().to_dict() == {u: 2 * num_micro_steps
+                                                            for u in FORWARD}
+        assert set(reduced["issuer_kind"]) == {"post_backward"}
+        assert (reduced["unit"] == reduced["issuer_unit"]).all()
+        sequences[rank] = list(zip(mine["collective_seq"], mine["unit"], mine["kind"],
+                                   strict=True))
+    assert sequences[0] == sequences[1]
+    issued = read_table(run_dir, "allgathers").query("event == 'issue'")
+    key = ["rank", "step", "micro_step", "unit", "issuer_kind", "issuer_unit"]
+    gathered = rows[rows["kind"] == "all_gather"].fillna({"issuer_unit": ""})
+    if case != "clean-replicated":
+        by_provenance = issued.fillna({"issuer_unit": ""}).groupby(key).size() * 2
+        assert gathered.groupby(key).size().to_dict() == by_provenance.to_dict()
+    if case == "clean-raf":  # re-gathered in backward: by the unit, or prefetched one back
+        assert set(gathered.loc[gathered["phase"] == "backward", "issuer_kind"]) == {
+            "own", "prefetch"}
+
+
 @real_hsdp
 @pytest.mark.slow
 def test_zero_code_record_of_torchrun(tmp_path: Path) -> None:
@@ -268,9 +555,9 @@ def test_zero_code_record_of_torchrun(tmp_path: Path) -> None:
                                for p in PASSES for ph in ("forward", "backward")}
 
 
-def _rows(frame: pd.DataFrame) -> set[tuple]:
+def _rows(frame: pd.DataFrame, columns: list[str] = FINDING_COLUMNS) -> set[tuple]:
     return {tuple(None if pd.isna(v) else v for v in row)
-            for row in frame[FINDING_COLUMNS].astype(object).itertuples(index=False)}
+            for row in frame[columns].astype(object).itertuples(index=False)}
 
 
 # --------------------------------------------------------------------- missing attributes

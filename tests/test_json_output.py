@@ -52,7 +52,8 @@ def test_analyze_json_has_a_verdict_and_counts(scenario_runs: Path, scenario: st
         for name, per in counts["by_check"].items():
             assert per[severity] == sum(f["check"] == name and f["severity"] == severity
                                         for f in found)
-    assert all(list(f) == COLUMNS for f in found)
+    assert all(list(f) == [*COLUMNS, "group"] for f in found)  # group: the finding's cause
+    assert sorted({f["group"] for f in found}) == [c["group"] for c in doc["causes"]]
 
 
 def test_analyze_json_carries_the_figures(scenario_runs: Path) -> None:
@@ -84,6 +85,7 @@ def test_suggest_json(scenario_runs: Path) -> None:
 
 def test_the_schemas_ship_with_the_package() -> None:
     pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
-    assert '"schemas/*.schema.json"' in pyproject
+    # That the wheel holds them: tests/test_newcomer_packaging.py.
+    assert '"fsdptrace.schemas" = ["*.schema.json"]' in pyproject
     for kind in ("analysis", "summary", "suggest"):
         assert as_json.schema_path(kind).is_file()

@@ -13,27 +13,24 @@ import pandas as pd
 import pytest
 
 import fsdptrace
-from tests.jobs import assert_ok, case_result, run_ranks
+from tests.jobs import case_result
 from tests.jobs_scripts.provenance_cases import DIM, MICRO_STEPS, STEPS
 from tests.jobs_scripts.tables import read_table, rows_of
+from tests.recordings import CATALOGUE, Recordings
 
 pytestmark = pytest.mark.slow
 
-WRAPPED = [f"wrapped-{level}-{when}" for level in ("class", "instance", "prefetch")
-           for when in ("before", "after")]
-CASES = ["clean-chained", "embed-twice", "redundant-prefetch", "manual-unshard",
-         "direct-group-unshard", *WRAPPED]
-SCRIPT = "tests/jobs_scripts/provenance_cases.py"
+CASES = CATALOGUE["provenance_cases"]
+WRAPPED = [case for case in CASES if case.startswith("wrapped-")]
 RANKS = (0, 1)
 PASSES = {(r, s, m) for r in RANKS for s in range(STEPS) for m in range(MICRO_STEPS)}
 LINEAR_BYTES = (DIM * DIM + DIM) * 4  # one Block's Linear(DIM, DIM), float32
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("provenance")
-    assert_ok(run_ranks([SCRIPT, "--out", str(out), *CASES], timeout_s=300))
-    return out
+def runs(recordings: Recordings) -> Path:
+    """One run dir per case, from the session's catalogue launch."""
+    return recordings.catalogue("provenance_cases")
 
 
 def where(findings: pd.DataFrame, check: str) -> set[tuple]:

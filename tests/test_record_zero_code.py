@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -18,8 +17,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+from fsdptrace.env import DEFAULT_RUNS_ROOT
 from fsdptrace.record.launch import BOOTSTRAP_DIR, record_env, run_recorded
-from fsdptrace.record.recorder import DEFAULT_RUNS_ROOT
 from tests.jobs import REPO, kill_all
 
 SCRIPTS = REPO / "tests" / "jobs_scripts"
@@ -272,6 +271,10 @@ def test_run_recorded_returns_the_exit_code(tmp_path: Path) -> None:
 
 
 def test_run_recorded_forwards_sigterm(tmp_path: Path) -> None:
+    """A scheduler's SIGTERM to the recording process reaches the job, whose own handler's exit
+    code comes back. The recording process is one of its own (``run_recorded`` in a plain
+    Python): SIGTERM sent to pytest itself would end it wherever the handler is not installed
+    (a test worker off the main thread)."""
     ready = tmp_path / "ready"
     child = (
         "import signal, sys, time, pathlib\n"
@@ -279,15 +282,23 @@ def test_run_recorded_forwards_sigterm(tmp_path: Path) -> None:
         f"pathlib.Path({str(ready)!r}).touch()\n"
         "time.sleep(30)\n"
     )
-
-    def terminate_when_ready() -> None:
-        deadline = time.monotonic() + 20
-        while not ready.exists() and time.monotonic() < deadline:
+    recording = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from fsdptrace.record.launch import record_env, run_recorded\n"
+        f"sys.exit(run_recorded([sys.executable, '-c', {child!r}], "
+        f"record_env(Path({str(tmp_path)!r}))))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", recording], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the job never started"
             time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=terminate_when_ready, daemon=True).start()
-    assert run_recorded([sys.executable, "-c", child], record_env(tmp_path)) == 7
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 7
+    finally:
+        kill_all([proc])
 
 
 # --------------------------------------------------------------------- command line wins

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -20,16 +21,20 @@ import pytest
 import fsdptrace
 from fsdptrace import schema
 from fsdptrace.errors import RunDirError
-from tests.jobs import REPO, RankResult, case_result, run_ranks
+from tests.jobs import REPO, RankResult, case_result
 from tests.jobs_scripts.tables import read_folded
+from tests.recordings import Recordings
 
-SCRIPT = REPO / "tests" / "jobs_scripts" / "divergence_job.py"
+Record = Callable[[str], tuple[Path, list[RankResult]]]
 SAMPLE = REPO / "sample_traces" / "clean"
 NEW_TABLES = ("backward_grads", "grads_written", "eval_forwards", "settings")
 
 
-def _run(tmp_path: Path, scenario: str) -> tuple[Path, list[RankResult]]:
-    return tmp_path, run_ranks([str(SCRIPT), "--out", str(tmp_path), scenario], timeout_s=60)
+@pytest.fixture
+def record(recordings: Recordings) -> Record:
+    """A scenario's run dir and ranks, recorded once a session (``test_checks_v2`` and
+    ``test_newcomer_outputs`` read the same jobs): tests here only read it."""
+    return recordings.divergence
 
 
 def _states(run_dir: Path, unit: str) -> dict[tuple[int, int, int, str], str]:
@@ -40,7 +45,7 @@ def _states(run_dir: Path, unit: str) -> dict[tuple[int, int, int, str], str]:
         strict=True)}
 
 
-def test_a_skipped_unit_receives_no_gradient_though_its_buffers_stay(tmp_path: Path) -> None:
+def test_a_skipped_unit_receives_no_gradient_though_its_buffers_stay(record: Record) -> None:
     """``b`` skipped on odd steps with ``zero_grad(set_to_none=False)``.
 
     FSDP2 still calls ``b``'s ``post_backward`` from the root's end-of-backward callback (group
@@ -50,7 +55,7 @@ def test_a_skipped_unit_receives_no_gradient_though_its_buffers_stay(tmp_path: P
     DTensor gradient's ``_version``, the reduce-scatter's accumulation only its local
     tensor's: both are compared.
     """
-    run_dir, results = _run(tmp_path, "skipped_unit")
+    run_dir, results = record("skipped_unit")
     assert [r.returncode for r in results] == [0, 0], results
     assert case_result(run_dir, 0)["b_grad_after_zero_grad"] == [True] * 4
     grads = read_folded(run_dir, "backward_grads", [0, 1])
@@ -76,7 +81,7 @@ def test_a_skipped_unit_receives_no_gradient_though_its_buffers_stay(tmp_path: P
             assert held["has_grad"].all()  # the buffers the old check counted
 
 
-def test_b_parameter_used_on_one_rank_in_a_no_sync_micro_step(tmp_path: Path) -> None:
+def test_b_parameter_used_on_one_rank_in_a_no_sync_micro_step(record: Record) -> None:
     """Rank 1 alone runs ``c.extra`` in a no-sync micro-step; the next micro-step syncs.
 
     FSDP2 keeps rank 1's ``c.extra`` gradient on the unsharded parameter, and the syncing
@@ -85,7 +90,7 @@ def test_b_parameter_used_on_one_rank_in_a_no_sync_micro_step(tmp_path: Path) ->
     rank 1 fails on the closed connection. Both ranks' rows were written before the
     reduce-scatter was issued, so they survive the abort.
     """
-    run_dir, results = _run(tmp_path, "one_rank_param_in_no_sync")
+    run_dir, results = record("one_rank_param_in_no_sync")
     assert results[0].returncode == -signal.SIGABRT, results[0].output[-2000:]
     assert "doesn't match expected size" in results[0].output
     assert case_result(run_dir, 1)["no_sync_done"] is True
@@ -104,14 +109,14 @@ def test_b_parameter_used_on_one_rank_in_a_no_sync_micro_step(tmp_path: Path) ->
     assert _in_effect(settings, "c", "requires_gradient_sync", 0, 1) == {0: "true", 1: "true"}
 
 
-def test_b_told_unused_parameters_are_zero_filled(tmp_path: Path) -> None:
+def test_b_told_unused_parameters_are_zero_filled(record: Record) -> None:
     """The same divergence, every unit told ``set_reduce_scatter_unused_params(True)``.
 
     FSDP2 then reduce-scatters zeros for rank 0's missing ``c.extra`` gradients: both ranks
     reduce the same 4 parameters and the job finishes. Recorded as ``zero_filled`` (not a
     finding for check 10) and in ``settings``.
     """
-    run_dir, results = _run(tmp_path, "one_rank_param_told_unused")
+    run_dir, results = record("one_rank_param_told_unused")
     assert [r.returncode for r in results] == [0, 0], results
     states = _states(run_dir, "c")
     assert {k: v for k, v in states.items() if k[3].startswith("c.extra")} == {
@@ -124,7 +129,7 @@ def test_b_told_unused_parameters_are_zero_filled(tmp_path: Path) -> None:
         0: "true", 1: "true"}
 
 
-def test_c_uneven_eval_batches_are_recorded_apart_from_training(tmp_path: Path) -> None:
+def test_c_uneven_eval_batches_are_recorded_apart_from_training(record: Record) -> None:
     """One training step, then 2 no_grad forwards on rank 0 and 3 on rank 1.
 
     FSDP2 all-gathers in every eval forward: rank 1's third forward waits in ``a``'s
@@ -132,7 +137,7 @@ def test_c_uneven_eval_batches_are_recorded_apart_from_training(tmp_path: Path) 
     connection. The eval forwards of both ranks are recorded, up to ``a`` of the third on
     rank 1 (before its all-gather), and none of them enters the forward order.
     """
-    run_dir, results = _run(tmp_path, "uneven_eval")
+    run_dir, results = record("uneven_eval")
     assert results[0].returncode == 0, results[0].output[-2000:]
     assert "Connection closed by peer" in (case_result(run_dir, 1)["error"] or "")
     evals = read_folded(run_dir, "eval_forwards", [0, 1]).sort_values(["rank", "seq"])
@@ -145,7 +150,7 @@ def test_c_uneven_eval_batches_are_recorded_apart_from_training(tmp_path: Path) 
     assert len(events) == 2 * 2 * len(one_pass)  # 2 ranks, forward + backward
 
 
-def test_d_one_rank_turns_gradient_sync_off_in_the_last_micro_step(tmp_path: Path) -> None:
+def test_d_one_rank_turns_gradient_sync_off_in_the_last_micro_step(record: Record) -> None:
     """Both ranks skip sync in micro-step 0; only rank 0 syncs in micro-step 1.
 
     Rank 0's syncing backward issues ``c``'s reduce-scatter while rank 1, not syncing, issues
@@ -153,7 +158,7 @@ def test_d_one_rank_turns_gradient_sync_off_in_the_last_micro_step(tmp_path: Pat
     one varies) and the other fails on the closed connection. The settings of micro-step 1 were
     recorded at its first forward, before any of it.
     """
-    run_dir, results = _run(tmp_path, "one_rank_skips_sync")
+    run_dir, results = record("one_rank_skips_sync")
     errors = [case_result(run_dir, rank)["error"] or "" for rank in (0, 1)]
     assert any("Timed out" in e for e in errors) and all(errors), errors
     assert [case_result(run_dir, rank)["micro_steps"] for rank in (0, 1)] == [1, 1]

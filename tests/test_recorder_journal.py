@@ -18,9 +18,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from fsdptrace import journal_hot, schema
-from fsdptrace.errors import RunDirError
+from fsdptrace import chunk_gaps, journal_hot, schema
+from fsdptrace.errors import SkippedChunkWarning, UnreadableChunkError
 from fsdptrace.journal_format import HEADER
+from fsdptrace.journal_read import read_segment
 from fsdptrace.reader import part_files, read_rank
 from fsdptrace.record.part_writer import PartWriter
 from fsdptrace.record.writer import ChunkWriter
@@ -123,12 +124,18 @@ def test_torn_slots_are_skipped_and_garbage_is_named(tmp_path: Path) -> None:
     first = HEADER.unpack_from(framed.read_bytes())[3]
     framed.write_bytes(framed.read_bytes()[:first + 20])  # cut inside the record: no row
     assert read_rank(tmp_path, "meta", 0).num_rows == 0
+    # Garbage is named and skipped, as an unreadable Parquet part is (issue 30): the rest of
+    # the rank stays readable.
+    chunk_gaps.reset()
     segment.write_bytes(b"FSDPJNL2" + b"\xff" * 40)
-    with pytest.raises(RunDirError, match=segment.name):
-        read_rank(tmp_path, "events", 0)
+    with pytest.warns(SkippedChunkWarning, match=segment.name):
+        assert read_rank(tmp_path, "events", 0).num_rows == 0
+    chunk_gaps.reset()
     segment.write_bytes(b"junk")
-    with pytest.raises(RunDirError, match=segment.name):
-        read_rank(tmp_path, "events", 0)
+    with pytest.warns(SkippedChunkWarning, match=segment.name):
+        assert read_rank(tmp_path, "events", 0).num_rows == 0
+    with pytest.raises(UnreadableChunkError, match=segment.name):
+        read_segment(segment, "events")
 
 
 @pytest.mark.usefixtures("cold_journal")
@@ -217,3 +224,133 @@ def test_the_writer_process_writes_a_killed_process_tail_as_parquet(tmp_path: Pa
     assert not list((tmp_path / "journal" / "rank=0").iterdir())  # all in Parquet
     plain = pq.read_table(tmp_path / "events" / "rank=0")
     assert sorted(plain.column("seq").to_pylist()) == list(range(1, 301))
+
+
+_DEAD_RECORDING = """
+import os, signal, sys
+from pathlib import Path
+from fsdptrace import schema
+from fsdptrace.record.writer import ChunkWriter
+writer = ChunkWriter(Path(sys.argv[1]), rank=0, version="test", writer_id="j1_000000003",
+                     segment_bytes=(4096, 8192))
+writer.buffer("meta").append((1, "host", os.getpid(), "fsdp2", "t", "test", 2, 0, 0, 1, "",
+                              False))
+events = writer.buffer("events", {"phase": schema.PHASES, "unit": ["<root>"]})
+for seq in range(1, 301):
+    events.append((seq, seq, 0, 0, 0, 0))
+print(writer.segment_dir, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no writer process was started: nothing converts
+"""
+
+
+@pytest.fixture
+def hot_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A hot root of this test's own: a sweep must not settle other jobs' folders."""
+    (tmp_path / "hot").mkdir()
+    monkeypatch.setenv(journal_hot.HOT_DIR_ENV, str(tmp_path / "hot"))
+    return tmp_path / "hot"
+
+
+def _dead_recording(run_dir: Path) -> Path:
+    """The hot folder a process left when it was SIGKILLed together with its writer."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _DEAD_RECORDING, str(run_dir)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    folder = Path(done.stdout.strip())
+    assert len(journal_hot.segment_files(folder)) >= 2
+    return folder
+
+
+@pytest.mark.usefixtures("hot_root")
+def test_a_sweep_converts_a_dead_recordings_folder_into_its_run_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsdptrace.record.hot_sweep import sweep
+
+    run_dir = tmp_path / "run"
+    folder = _dead_recording(run_dir)
+    assert _seqs(run_dir) == list(range(1, 301))  # on this host, through the hot folder
+    assert sweep() == [folder]
+    assert not folder.exists()
+    monkeypatch.setenv(journal_hot.HOT_DIR_ENV, "off")  # the run dir alone
+    assert _seqs(run_dir) == list(range(1, 301))
+    assert not list((run_dir / "journal" / "rank=0").iterdir())  # all in Parquet
+
+
+@pytest.mark.usefixtures("hot_root")
+def test_a_new_recording_never_reads_an_old_ones_segments(tmp_path: Path) -> None:
+    """Killed with its writer, a recording's segments stayed in the hot folder; ``rm -rf``
+    and a new recording into the same path: a new launch, a new folder, only its own rows
+    (no "recorded by several processes"). A sweep then drops the old folder unread."""
+    from fsdptrace.record.hot_sweep import sweep
+
+    run_dir = tmp_path / "run"
+    old = _dead_recording(run_dir)
+    shutil.rmtree(run_dir)
+    writer = _writer(run_dir)
+    assert writer.segment_dir != old
+    _append_events(writer, 1, 10)
+    assert _seqs(run_dir) == list(range(1, 11))
+    assert read_rank(run_dir, "meta", 0).num_rows == 1
+    assert sweep() == [old]  # this one is alive: its lock is held
+    assert writer.segment_dir.exists() and not old.exists()
+    assert _seqs(run_dir) == list(range(1, 11))
+
+
+@pytest.mark.usefixtures("hot_root")
+def test_segments_say_which_recording_they_belong_to(tmp_path: Path) -> None:
+    import json
+
+    from fsdptrace.record.journal import RECORDING_KEY
+    from fsdptrace.run_mark import read_launch
+
+    writer = _writer(tmp_path)
+    _append_events(writer, 1, 10)
+    for segment in journal_hot.segment_files(writer.segment_dir):
+        data = segment.read_bytes()
+        vocab_len = HEADER.unpack_from(data)[4]
+        vocab = json.loads(data[HEADER.size:HEADER.size + vocab_len])
+        launch, writer_id, pid, start_ns = vocab[RECORDING_KEY]
+        assert (launch, writer_id, pid) == (read_launch(tmp_path), "j1_000000001",
+                                            str(os.getpid()))
+        assert int(start_ns) > 0
+
+
+@pytest.mark.parametrize("restarts", [1, 0], ids=["restarted", "none-can-start"])
+def test_a_dead_writer_is_noticed_and_nothing_stays_in_the_hot_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restarts: int) -> None:
+    """The writer process SIGKILLed (the OOM killer's pick): the next flush request notices
+    (a notice the recorder turns into a ``writer_lost`` marker) and starts a new one, which
+    converts what the dead one left; when none may start, ``close`` moves the segments into
+    the run dir's journal itself. Either way the run dir alone holds every row."""
+    import signal
+
+    notices: list[tuple[str, str]] = []
+    writer = ChunkWriter(tmp_path, rank=0, version="test", writer_id="j1_000000001",
+                         flush_interval_s=0.05, segment_bytes=SMALL, max_restarts=restarts,
+                         on_notice=lambda kind, detail: notices.append((kind, detail)))
+    writer.start()
+    _append_events(writer, 1, 500)
+    assert writer._process is not None
+    dead = writer._process.pid
+    os.kill(dead, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not writer._status.exited and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.warns(RuntimeWarning, match=f"writer process {dead} was killed by SIGKILL"):
+        writer.request_flush()
+    _append_events(writer, 501, 1000)
+    assert writer.close(30.0) is bool(restarts)
+    [(kind, detail)] = notices
+    assert kind == schema.MARKER_WRITER_LOST
+    if restarts:
+        assert detail == f"writer process {dead} was killed by SIGKILL; restarted as " \
+                         f"{writer._process.pid}"
+    else:
+        assert detail == (f"writer process {dead} was killed by SIGKILL; not restarted "
+                          "(restarted 0 times already)")
+    assert not writer.segment_dir.exists()
+    monkeypatch.setenv(journal_hot.HOT_DIR_ENV, "off")  # the run dir alone
+    assert _seqs(tmp_path) == list(range(1, 1001))

@@ -13,28 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from fsdptrace import schema
-from tests.jobs import assert_ok, case_result, run_ranks
+from tests.jobs import case_result
 from tests.jobs_scripts.tables import marker_kinds, orders, read_table, rows_of
+from tests.recordings import CATALOGUE, Recordings
 
 pytestmark = pytest.mark.slow
 
-CASES = [
-    "clean",
-    "clean-checkpoint-accumulation",
-    "clean-reentrant-checkpoint",
-    "pending-all-gather",
-    "two-parts",
-    "grouped",
-    "forward-method",
-    "no-sync-boundary",
-    "pending-unshard",
-    "pending-async-unshard",
-    "step-window",
-    "healthy-backend",
-    "failing-gradients",
-    "failing-hook",
-]
-SCRIPT = "tests/jobs_scripts/recorder_cases.py"
+CASES = CATALOGUE["recorder_cases"]
 RANKS = (0, 1)
 LAYERS = [f"layers.{i}" for i in range(4)]
 TINY_FORWARD = ["<root>", *LAYERS]
@@ -42,11 +27,9 @@ TINY_BACKWARD = ["<root>", *reversed(LAYERS)]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One folder with a run dir per case, all recorded by one 2-rank job."""
-    out = tmp_path_factory.mktemp("recorder")
-    assert_ok(run_ranks([SCRIPT, "--out", str(out), *CASES], timeout_s=180))
-    return out
+def runs(recordings: Recordings) -> Path:
+    """One folder with a run dir per case, from the session's catalogue launch."""
+    return recordings.catalogue("recorder_cases")
 
 
 def expected_orders(

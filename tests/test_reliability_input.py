@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -361,12 +362,60 @@ def test_reports_escape_odd_unit_names(scenario_runs: Path, tmp_path: Path) -> N
     markdown = analyze_cli(run, "--format", "markdown")
     assert markdown.exit_code == 1
     assert "<script>" not in markdown.stdout and "\\<script\\>" in markdown.stdout
+    separators = None  # each table's rows have as many cells as its header: no "|" escaped
     for line in markdown.stdout.splitlines():
         assert not line.startswith("# not a heading")
-        if line.startswith("| ") and not line.startswith("| where"):
-            assert line.count(" | ") == 1 and line.endswith(" |"), line  # two cells only
+        if not line.startswith("| "):
+            separators = None
+        elif separators is None:
+            separators = line.count(" | ")
+        else:
+            assert line.count(" | ") == separators and line.endswith(" |"), line
 
     plain = analyze_cli(run)
     assert plain.exit_code == 1
     assert not any(line.startswith("# not a heading") for line in plain.stdout.splitlines())
     assert "\r" not in plain.stdout
+
+
+def test_every_step_the_reader_accepts_has_its_own_key() -> None:
+    """``step_key(0, 1_000_000) == step_key(1, 0)`` held while the reader accepted micro-steps
+    up to 1,048,575: now the key's widths are the reader's ranges (``key_ranges``)."""
+    from fsdptrace.checks.incomplete import in_micro_steps
+    from fsdptrace.checks.keys import place_key, rank_step_key, step_key
+    from fsdptrace.validate import MAX_MICRO_STEP, MAX_RANK, MAX_STEP
+
+    assert step_key(0, 1_000_000) != step_key(1, 0)
+    assert step_key(0, MAX_MICRO_STEP) < step_key(1, 0)
+    assert step_key(MAX_STEP, MAX_MICRO_STEP) < 2**63
+    assert rank_step_key(MAX_RANK, MAX_STEP, MAX_MICRO_STEP) < 2**63
+    assert rank_step_key(0, MAX_STEP, MAX_MICRO_STEP) < rank_step_key(1, 0, 0)
+    last = place_key(["boundary"], [MAX_STEP], [MAX_MICRO_STEP], [1], [2**16 - 1])
+    assert 0 < int(last[0]) < 2**63
+    assert place_key(["pass"], [0], [MAX_MICRO_STEP], [1], [2**16 - 1])[0] < \
+        place_key(["eval"], [1], [0], [0], [0])[0] < place_key(["pass"], [1], [0], [0], [0])[0]
+    # An incomplete range ending at the last micro-step of step 0 does not reach step 1.
+    ranges = pd.DataFrame({"rank": [0], "table": ["events"], "first_step": [0],
+                           "first_micro_step": [0], "last_step": [0],
+                           "last_micro_step": [1_000_000], "num_rows": [1]})
+    inside = in_micro_steps(ranges, ("events",), np.array([0, 0]), np.array([0, 1]),
+                            np.array([1_000_000, 0]))
+    assert inside.tolist() == [True, False]
+
+
+@pytest.mark.parametrize("case", ["seg:bad-magic", "seg:sparse-3GB", "seg:deep-vocab"])
+def test_an_unreadable_segment_is_skipped_and_its_steps_are_incomplete(
+        tmp_path: Path, case: str) -> None:
+    """Before, one bad segment made the whole run dir unreadable (or a MemoryError, a
+    RecursionError); now it is skipped as an unreadable part is, and counted."""
+    from tests.hostile_corpus import build
+
+    run = build(case, tmp_path, seed=16)
+    segment = next(run.glob("journal/rank=*/*.seg"))
+    with pytest.warns(SkippedChunkWarning, match="unreadable journal segment"):
+        ranges = fsdptrace.incomplete_ranges(run)
+    rank = int(segment.parent.name.removeprefix("rank="))
+    assert ranges[["rank", "table", "cause"]].values.tolist() == [[rank, "events", "unreadable"]]
+    summary = CliRunner().invoke(cli, ["summary", str(run), "--format", "json"])
+    assert summary.exit_code == 0 and summary.stderr.count("skipping") == 1, summary.output
+    assert json.loads(summary.stdout)["unreadable_chunks"] == 1

@@ -18,9 +18,12 @@ PACKAGE = Path(fsdptrace.__file__).parent
 READ_SIDE = [PACKAGE / "reader.py", PACKAGE / "trace.py", PACKAGE / "analysis.py",
              PACKAGE / "summary.py", *sorted((PACKAGE / "checks").glob("*.py")),
              *sorted((PACKAGE / "render").glob("*.py")),
+             *sorted((PACKAGE / "watch").glob("*.py")), PACKAGE / "watch_records.py",
+             PACKAGE / "stack_dumps.py", PACKAGE / "flight_recorder.py",
              *sorted((PACKAGE.parent / "cli" / "fsdptrace_cli").rglob("*.py"))]
-FORBIDDEN = re.compile(r"\b(pickle|cloudpickle|dill|marshal|eval|exec|torch\.load|"
-                       r"read_pickle|yaml\.load|shelve)\b\s*[.(]")
+# eval/exec as calls only: `--on-hang 'exec ./notify.sh'` in the watch command's help is text.
+FORBIDDEN = re.compile(r"\b(pickle|cloudpickle|dill|marshal|torch\.load|read_pickle|yaml\.load|"
+                       r"shelve)\b\s*[.(]|\b(eval|exec)\s*\(")
 
 
 def test_read_side_never_deserializes_code() -> None:

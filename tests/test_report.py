@@ -255,6 +255,7 @@ NEEDS_CHROMIUM = pytest.mark.skipif(
 PROBE = """<script>
 window.addEventListener("load", () => {
   const out = {};
+  try {
   const root = document.getElementById("timeline-svg"), box = root.getBoundingClientRect();
   const DATA = JSON.parse(document.getElementById("fsdptrace-data").textContent);
   const step = Number(document.getElementById("step-select").value);
@@ -262,7 +263,8 @@ window.addEventListener("load", () => {
   const lane = sd.lanes[0], g = sd.groups[lane.group];
   let full = 1;
   sd.lanes.forEach((l) => { l.t.forEach((t, k) => { full = Math.max(full, t, l.e[k]); });
-    if (l.mem.length) full = Math.max(full, l.mem[l.mem.length - 1][0]); });
+    if (l.mem.length) full = Math.max(full, l.mem[l.mem.length - 1][0]);
+    if (l.quiet) full = Math.max(full, l.quiet.to); });
   const width = root.width.baseVal.value, px = (t) => 190 + (t / full) * (width - 12 - 190);
   const move = (t, row) => { root.dispatchEvent(new MouseEvent("mousemove", { bubbles: true,
     clientX: box.left + px(t), clientY: box.top + 22 + (row === 0 ? 10 : 24) }));
@@ -292,14 +294,28 @@ window.addEventListener("load", () => {
     clientY: b3.top + 30 }));
   window.dispatchEvent(new MouseEvent("mousemove", { clientX: b3.left + 400,
     clientY: b3.top + 30 }));
-  requestAnimationFrame(() => {  // a drag redraws on the next frame
+  // A drag redraws on the next frame, or at once on release (report.js). A loaded machine's
+  // headless chromium may dump the DOM before any frame comes, so a (virtual-time) timer
+  // finishes the probe if no frame does; the release then draws the drag.
+  let done = false;
+  const finish = () => {
+    if (done) return;
+    done = true;
     window.dispatchEvent(new MouseEvent("mouseup", {}));
     out.zoom_dragged = document.getElementById("zoom-note").textContent;
     const pre = document.createElement("pre");
     pre.id = "probe";
     pre.textContent = JSON.stringify(out);
     document.body.appendChild(pre);
-  });
+  };
+  requestAnimationFrame(finish);
+  setTimeout(finish, 200);
+  } catch (e) {  // a probe that throws says so, instead of leaving no #probe at all
+    const pre = document.createElement("pre");
+    pre.id = "probe";
+    pre.textContent = JSON.stringify({ error: String(e) + " at " + e.stack });
+    document.body.appendChild(pre);
+  }
 });
 </script>"""
 
@@ -347,7 +363,9 @@ def probe(page: Path) -> tuple[str, str, dict]:
     dom, log = chromium_dom(probed)
     found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
     assert found, log[-2000:]
-    return dom, log, json.loads(html.unescape(found.group(1)))
+    result = json.loads(html.unescape(found.group(1)))
+    assert "error" not in result, result["error"]
+    return dom, log, result
 
 
 def shown_range(note: str) -> float:
@@ -356,12 +374,17 @@ def shown_range(note: str) -> float:
     return float(b) - float(a)
 
 
-def assert_timeline_works(dom: str, log: str, found: dict, num_ranks: int) -> None:
+def assert_timeline_works(dom: str, log: str, found: dict, num_ranks: int, *,
+                          silent: bool = False) -> None:
+    """``silent``: the step ends in a silence (a stalled run): the timeline runs to the ranks'
+    ends, and zoomed to its middle it shows the silence, not the spans before it (the
+    tooltip on a span, below, still checks those)."""
     assert "CONSOLE(" not in log, log
     assert len(re.findall(r'<g class="lane" [^>]*data-rank="\d+"', dom)) == num_ranks
     for control in ("zoom-in", "zoom-out", "zoom-reset"):
         assert f'id="{control}"' in dom
-    for drawn in ('class="span"', 'class="mem"', 'class="skew"', 'id="memory"'):
+    first = 'class="quiet"' if silent else 'class="span"'
+    for drawn in (first, 'class="mem"', 'class="skew"', 'id="memory"'):
         assert drawn in dom, (drawn, found)
     labels = re.findall(r'<text [^>]*class="axis"[^>]*>([^<]*)</text>', dom)
     assert len(labels) >= 3 and len(labels) == len(set(labels)), labels
@@ -388,7 +411,7 @@ def test_report_in_a_real_browser(scenario_runs: Path, tmp_path: Path, name: str
     page = tmp_path / "report.html"
     write_report(scenario_runs / name, page)
     dom, log, found = probe(page)
-    assert_timeline_works(dom, log, found, num_ranks=2)
+    assert_timeline_works(dom, log, found, num_ranks=2, silent=name == "killed-rank")
     if name != "killed-rank":  # whole steps: the first lane has a span to point at
         assert found["span_unit"] is not None, found
     assert 'id="edges-svg"' in dom and 'class="mark"' in dom
@@ -448,3 +471,115 @@ def test_eval_divergence_orders_side_by_side() -> None:
     assert (reference["label"], reference["order"], reference["reference"]) == (
         "ranks 0", [0, 1, 0], True)
     assert (short["label"], short["order"], short["first_diff"]) == ("ranks 1", [0, 1], 2)
+
+
+def test_a_rank_that_ran_no_eval_forward_gets_an_empty_column() -> None:
+    """Rank 0 alone ran eval forwards (a rank-0-only validation): rank 1's order is empty and
+    still drawn beside rank 0's, whichever rank the finding names (2 ranks: a tie)."""
+    evals = pd.DataFrame([(0, 1, 1, "<root>"), (0, 2, 1, "layers.0")],
+                         columns=["rank", "seq", "step", "unit"])
+    units = {"<root>": 0, "layers.0": 1}
+    empty_events = pd.DataFrame(columns=["rank", "seq", "step", "micro_step", "phase", "unit"])
+    for flagged in (0, 1):
+        findings = pd.DataFrame({"check": ["eval-divergence"], "rank": [flagged], "step": [1],
+                                 "micro_step": [None], "phase": [None], "unit": ["<root>"]})
+        (compared,) = order_compare.comparisons(empty_events, evals, findings, units, 1,
+                                                ranks=[0, 1])
+        columns = {c["label"]: (c["order"], c["first_diff"]) for c in compared["columns"]}
+        assert columns == {"ranks 0": ([0, 1], None), "ranks 1": ([], 0)}
+
+
+def test_each_stopped_rank_has_its_own_text(scenario_runs: Path) -> None:
+    findings = fsdptrace.analyze(scenario_runs / "killed-rank", jobs=1).findings
+    stops = html_report.stops(findings)
+    assert [s["ranks"] for s in stops] == ["0", "1"]
+    for stop in stops:
+        assert stop["message"].startswith(f"rank {stop['ranks']} ")
+
+
+# Appended to a copy of a report: zooms (wheel turns) onto the first lane's first forward span
+# until bars are wide, then, for every unit label drawn on a bar, whether the bar holds it, and
+# what the silences and the prefetch boxes say; written into #labels.
+LABEL_PROBE = """<script>
+window.addEventListener("load", () => {
+  const DATA = JSON.parse(document.getElementById("fsdptrace-data").textContent);
+  const step = Number(document.getElementById("step-select").value);
+  const sd = DATA.steps.find((s) => s.step === step), lane = sd.lanes[0];
+  const g = sd.groups[lane.group];
+  const quiet = [...document.querySelectorAll("g.quiet")].map((q) => [
+    q.querySelector("text").firstChild.textContent,
+    q.querySelector("rect").width.baseVal.value]);
+  let full = 1;
+  sd.lanes.forEach((l) => { l.t.forEach((t, k) => { full = Math.max(full, t, l.e[k]); });
+    if (l.mem.length) full = Math.max(full, l.mem[l.mem.length - 1][0]);
+    if (l.quiet) full = Math.max(full, l.quiet.to); });
+  const k = lane.t.findIndex((t, j) => g.p[j] === 0 && lane.e[j] >= 0);
+  const root = document.getElementById("timeline-svg"), box = root.getBoundingClientRect();
+  const width = root.width.baseVal.value;
+  const x = box.left + 190 + ((lane.t[k] + lane.e[k]) / 2 / full) * (width - 12 - 190);
+  const zoomed = () => document.getElementById("timeline-svg");
+  for (let i = 0; i < 18; i++) {
+    zoomed().dispatchEvent(new WheelEvent("wheel", { bubbles: true, cancelable: true,
+      deltaY: -100, clientX: x, clientY: box.top + 30 }));
+  }
+  let done = false;  // on the next frame, or a timer's turn if no frame comes (see PROBE)
+  const finish = () => {
+    if (done) return;
+    done = true;
+    const bars = [...document.querySelectorAll("text.bar-label")].map((t) => [
+      t.textContent, t.getComputedTextLength(), t.previousElementSibling.width.baseVal.value]);
+    const pre = document.createElement("pre");
+    pre.id = "labels";
+    pre.textContent = JSON.stringify({ bars: bars, quiet: quiet,
+      zoom: document.getElementById("zoom-note").textContent,
+      boxes: [...document.querySelectorAll("#edges-svg text.unit-label")]
+        .map((t) => t.firstChild.textContent) });
+    document.body.appendChild(pre);
+  };
+  requestAnimationFrame(finish);
+  setTimeout(finish, 200);
+});
+</script>"""
+
+
+def drawn_labels(page: Path) -> dict:
+    probed = page.with_name("labels-" + page.name)
+    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", LABEL_PROBE + "</body>"),
+                      encoding="utf-8")
+    dom, log = chromium_dom(probed)
+    found = re.search(r'<pre id="labels">(.*?)</pre>', dom, re.S)
+    assert found, log[-2000:]
+    return json.loads(html.unescape(found.group(1)))
+
+
+@NEEDS_CHROMIUM
+def test_bars_carry_their_unit_and_boxes_their_position(demo_run: Path, tmp_path: Path) -> None:
+    """The demo's first step, zoomed onto its first forward span: the bars wide enough carry
+    their unit's label (``3 (Block)``), and every label drawn fits its bar (measured by the
+    browser). Unzoomed, a few-ms span of a ~2 s first step is too narrow for one."""
+    page = tmp_path / "report.html"
+    write_report(demo_run, page)
+    drawn = drawn_labels(page)
+    assert drawn["bars"], drawn
+    for text, text_width, bar_width in drawn["bars"]:
+        assert re.fullmatch(r"\d \(Block\)|<root>", text), text
+        assert text_width <= bar_width, (text, text_width, bar_width)
+    assert drawn["boxes"] and all(b.startswith("pos ") for b in drawn["boxes"]), drawn["boxes"]
+    assert "pos 1 · 1 (Block)" in drawn["boxes"]
+
+
+@NEEDS_CHROMIUM
+def test_the_silence_before_an_unclean_end_is_drawn_with_its_length(scenario_runs: Path,
+                                                                   tmp_path: Path) -> None:
+    """killed-rank: rank 1 is SIGKILLed mid-step 2, rank 0 then crashes in a collective. Each
+    lane of step 2 shows the time from its rank's last event to its end, with its length."""
+    page = tmp_path / "report.html"
+    write_report(scenario_runs / "killed-rank", page)
+    drawn = drawn_labels(page)
+    texts = sorted(text for text, _ in drawn["quiet"])
+    assert len(texts) == 2, drawn
+    # The survivor crashes when gloo sees its peer gone, or, on a slow machine, is still
+    # blocked when the job's time runs out and is killed too.
+    ends = r"(crashed \(RuntimeError|ended without a recorded ending)"
+    assert all(re.match(r"silent \d+(\.\d)? (ms|s), then " + ends, t) for t in texts), texts
+    assert all(width > 10 for _, width in drawn["quiet"])

@@ -19,21 +19,19 @@ import pandas as pd
 import pytest
 
 import fsdptrace
-from tests.jobs import assert_ok, run_ranks
 from tests.jobs_scripts.reused_block_cases import MICRO_STEPS, STEPS
+from tests.recordings import CATALOGUE, Recordings
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = "tests/jobs_scripts/reused_block_cases.py"
-CASES = ["mid-prefetches-shared", "late-prefetches-shared"]
+CASES = CATALOGUE["reused_block_cases"]
 PASSES = {(r, s, m) for r in (0, 1) for s in range(STEPS) for m in range(MICRO_STEPS)}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("reused-block")
-    assert_ok(run_ranks([SCRIPT, "--out", str(out), *CASES], timeout_s=300))
-    return out
+def runs(recordings: Recordings) -> Path:
+    """One run dir per case, from the session's catalogue launch."""
+    return recordings.catalogue("reused_block_cases")
 
 
 def _forward_of_shared(run_dir: Path) -> pd.DataFrame:

@@ -9,16 +9,15 @@ import pytest
 
 from fsdptrace import schema
 from fsdptrace.reader import read_rank
-from tests.jobs import assert_ok, run_ranks
+from tests.recordings import Recordings
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("long")
-    assert_ok(run_ranks(["tests/jobs_scripts/long_run.py", "--out", str(out)], timeout_s=240))
-    return out
+def runs(recordings: Recordings) -> Path:
+    """``long_run.py``'s whole and windowed run dirs, from the session's catalogue."""
+    return recordings.catalogue("long_run")
 
 
 def _bytes(run_dir: Path, rank: int) -> int:

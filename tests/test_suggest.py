@@ -59,7 +59,8 @@ def test_wrong_forward_prefetch_is_rewired(scenario_runs: Path) -> None:
         ("layers.1", "forward", "layers.2", "keep"),
         ("layers.2", "forward", "layers.3", "add"),
         ("layers.2", "forward", "layers.1", "remove"),
-        ("<root>", "backward", "layers.3", "add"),
+        # The root has no backward targets: FSDP2 prefetched layers.3 from it by default.
+        ("<root>", "backward", "layers.3", "implicit"),
         ("layers.1", "backward", "layers.0", "keep"),
         ("layers.2", "backward", "layers.1", "keep"),
         ("layers.3", "backward", "layers.2", "keep"),
@@ -85,7 +86,6 @@ model.set_modules_to_forward_prefetch([model.layers[0]])
 model.layers[0].set_modules_to_forward_prefetch([model.layers[1]])
 model.layers[1].set_modules_to_forward_prefetch([model.layers[2]])
 model.layers[2].set_modules_to_forward_prefetch([model.layers[3]])
-model.set_modules_to_backward_prefetch([model.layers[3]])
 model.layers[1].set_modules_to_backward_prefetch([model.layers[0]])
 model.layers[2].set_modules_to_backward_prefetch([model.layers[1]])
 model.layers[3].set_modules_to_backward_prefetch([model.layers[2]])
@@ -96,10 +96,12 @@ model.layers[3].set_modules_to_backward_prefetch([model.layers[2]])
   forward  'layers.1' -> 'layers.2'  (keep)
 + forward  'layers.2' -> 'layers.3'  (add)
 - forward  'layers.2' -> 'layers.1'  (remove)
-+ backward '<root>' -> 'layers.3'  (add)
   backward 'layers.1' -> 'layers.0'  (keep)
   backward 'layers.2' -> 'layers.1'  (keep)
   backward 'layers.3' -> 'layers.2'  (keep)
+
+# FSDP2 already does these by default (implicit backward prefetch): nothing to add
+  backward '<root>' -> 'layers.3'  (implicit)
 """
 
 

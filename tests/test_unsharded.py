@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import fsdptrace
-from tests.jobs import assert_ok, run_ranks
+from tests.recordings import Recordings
 
 pytestmark = pytest.mark.slow
 
@@ -23,11 +23,9 @@ UNIT_BYTES = (512 * 512 + 512) * 4  # Linear(512, 512) in float32, gathered whol
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ledger")
-    for mode in ("default", "keep"):
-        assert_ok(run_ranks(["tests/jobs_scripts/ledger_job.py", str(out / mode), mode]))
-    return out
+def runs(recordings: Recordings) -> Path:
+    """``ledger_job.py``'s two modes (``default``, ``keep``), from the session's catalogue."""
+    return recordings.catalogue("ledger_job")
 
 
 def test_default_resharding_holds_one_unit_forward_and_two_backward(runs: Path) -> None:

@@ -145,12 +145,12 @@ CASES: dict[str, tuple[Callable[[Net, Any, int, dict[str, Any]], None], dict[str
 }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("cases", nargs="+",
                         choices=sorted(CASES) + [name + LIVE for name in sorted(CASES)])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     def run_case(name: str, rank: int) -> None:
         live = name.endswith(LIVE)

@@ -1,6 +1,6 @@
 """Record variants of one small FSDP2 model, each into its own run dir (``fsdptrace diff`` tests).
 
-    diff_variants.py OUT [VARIANT...]
+    diff_variants.py --out OUT [VARIANT...]
 
 ``base``: 3 ``layers`` units with chained prefetch; ``fewer``: one layer less; ``renamed``:
 the same layers under ``blocks``; ``no-reshard``: ``layers.1`` keeps its parameters after
@@ -9,6 +9,7 @@ forward. 2 optimizer steps of 2 micro-steps each, one variant after another in o
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -18,6 +19,9 @@ import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 
 import fsdptrace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import run_cases  # noqa: E402
 
 DIM = 8
 VARIANTS = ("base", "fewer", "renamed", "no-reshard")
@@ -63,13 +67,16 @@ def record(variant: str, run_dir: Path) -> None:
     recorder.close()
 
 
-def main() -> int:
-    out = Path(sys.argv[1])
-    dist.init_process_group("gloo")
-    for variant in sys.argv[2:] or VARIANTS:
-        record(variant, out / variant)
-        dist.barrier()
-    dist.destroy_process_group()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("variants", nargs="*", help=f"of {', '.join(VARIANTS)} (default: all)")
+    args = parser.parse_args(argv)
+    unknown = set(args.variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}")
+    run_cases(args.variants or VARIANTS,
+              lambda variant, rank: record(variant, args.out / variant))
     return 0
 
 

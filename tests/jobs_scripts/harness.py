@@ -6,7 +6,8 @@ barrier after each case so no rank runs ahead into the next case's collectives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -15,17 +16,30 @@ import torch.nn as nn
 DIM = 8
 
 
-def run_cases(names: Iterable[str], run_case: Callable[[str, int], None]) -> None:
-    """Run ``run_case(name, rank)`` for each case on a gloo group; always tear the group down."""
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+@contextmanager
+def process_group() -> Iterator[int]:
+    """This rank's number in the job's gloo group, torn down on leaving.
+
+    A group already started by a catalogue launch (``catalogue.py``, several scripts' cases in
+    one process group) is joined instead, and left for that launch to tear down.
+    """
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo")
     try:
+        yield dist.get_rank()
+    finally:
+        if owned:
+            dist.destroy_process_group()
+
+
+def run_cases(names: Iterable[str], run_case: Callable[[str, int], None]) -> None:
+    """Run ``run_case(name, rank)`` for each case on the job's gloo group (``process_group``)."""
+    with process_group() as rank:
         for name in names:
             run_case(name, rank)
             print(f"done {name}", flush=True)
             dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 class Block(nn.Module):

@@ -56,6 +56,22 @@ def _wait_for_starter_parts(run_dir: Path, timeout_s: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+def _settled_hashes(run_dir: Path, quiet_s: float = 2.5, timeout_s: float = 30.0
+                    ) -> dict[str, str]:
+    """The run dir's hashes once the parent's own writer process has finished its passes
+    (unchanged over more than its flush interval): on a loaded machine its pass over the
+    flushed rows could otherwise land while the child runs and pass for the child's write."""
+    deadline = time.monotonic() + timeout_s
+    seen = _hashes(run_dir)
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = _hashes(run_dir)
+        if now == seen:
+            return now
+        seen = now
+    return seen
+
+
 def fork(out: Path) -> dict[str, Any]:
     model, optimizer = scenarios.build(scenarios.Scenario(), 0)
     rec = fsdptrace.attach(model, run_dir=out / "run", optimizer=optimizer)
@@ -65,7 +81,7 @@ def fork(out: Path) -> dict[str, Any]:
     model(tokens).float().pow(2).mean()  # a micro-step open, rows buffered, at the fork
     rec.flush()
     _wait_for_starter_parts(out / "run")
-    before = _hashes(out / "run")
+    before = _settled_hashes(out / "run")
     pid = os.fork()
     if pid == 0:  # the child trains on and exits normally (exit handlers run)
         _step(model, optimizer)

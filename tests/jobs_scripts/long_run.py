@@ -7,21 +7,28 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 
 import fsdptrace
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import process_group  # noqa: E402
+
 NUM_STEPS = 400
 RUNS = {"whole": None, "window": "100:110"}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    dist.init_process_group("gloo")
+    args = parser.parse_args(argv)
+    with process_group():
+        record(args.out)
+    return 0
+
+
+def record(out: Path) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
     for layer in model:
@@ -29,13 +36,11 @@ def main() -> int:
     fully_shard(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for name, steps in RUNS.items():
-        with fsdptrace.attach(model, run_dir=args.out / name, optimizer=optimizer, steps=steps):
+        with fsdptrace.attach(model, run_dir=out / name, optimizer=optimizer, steps=steps):
             for _ in range(NUM_STEPS):
                 model(torch.randn(4, 8)).sum().backward()
                 optimizer.step()
                 optimizer.zero_grad()
-    dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":

@@ -240,11 +240,11 @@ CASES: dict[str, Callable[[Path], Result]] = {
 }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("cases", nargs="+", choices=sorted(CASES))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     def run_case(name: str, rank: int) -> None:
         run_dir = args.out / name

@@ -224,12 +224,13 @@ def _run_with_failing_backend(run_dir: Path, method: str, *, fail_after: int) ->
 
 def case_healthy_backend(run_dir: Path) -> Result:
     """The baseline the failing-backend cases compare their losses with."""
-    return _run_with_failing_backend(run_dir, "gradients", fail_after=10**9)
+    return _run_with_failing_backend(run_dir, "all_gradients", fail_after=10**9)
 
 
 def case_failing_gradients(run_dir: Path) -> Result:
-    """The boundary snapshot fails in step 1 (guarded read at ``optimizer.step``)."""
-    return _run_with_failing_backend(run_dir, "gradients", fail_after=3)
+    """The boundary snapshot fails in step 1 (guarded read at ``optimizer.step``): the
+    snapshot reads every unit's gradients in one ``all_gradients`` call per boundary."""
+    return _run_with_failing_backend(run_dir, "all_gradients", fail_after=1)
 
 
 def case_failing_hook(run_dir: Path) -> Result:
@@ -300,11 +301,11 @@ def run_case(name: str, out: Path, rank: int) -> None:
     (run_dir / f"result.rank{rank}.json").write_text(json.dumps(result))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("cases", nargs="+", choices=sorted([*CASES, *scenarios.SCENARIOS]))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     run_cases(args.cases, lambda name, rank: run_case(name, args.out, rank))
     return 0
 

@@ -82,11 +82,11 @@ CASES: dict[str, Callable[[Path], None]] = {
 }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("cases", nargs="+", choices=sorted(CASES))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     run_cases(args.cases, lambda name, rank: CASES[name](args.out / name))
     return 0
 

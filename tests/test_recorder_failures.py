@@ -1,0 +1,169 @@
+"""Recorder v2 under failure: the writer process killed, a job killed with its writers, a full
+hot folder. Real 2-rank FSDP2 jobs (``tests/jobs_scripts/failure_job.py``, 30 steps of one
+micro-step on ``plain_train``'s model: 3 layers and the root).
+
+Found by instrumenting the job before writing these: a step records 8 events per rank (4 unit
+forwards, 4 backwards), so 240 per rank in 30 steps, and one ``micro_step_begin`` and one
+``optimizer_step`` marker per step. On this 2-core machine the writer process (``python -m``,
+importing pyarrow) may start several steps after training did; the ``hang`` case waits for
+its first parts before it stops, so the kill finds a writer that did write. A writer process
+SIGSTOPped stays in state ``T`` (``/proc/<pid>/stat``) and says nothing more; before this
+change the rank's close() then returned after its timeout with rank 1's rows after step 5 in
+the hot folder only.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import fsdptrace
+from fsdptrace import journal_hot
+from fsdptrace.render import text
+from fsdptrace.run_mark import read_launch
+from fsdptrace.summary import overview
+from tests.jobs import assert_ok, kill_all, run_ranks, start_ranks
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = "tests/jobs_scripts/failure_job.py"
+STEPS = 30
+EVENTS_PER_STEP = 8
+TIMEOUT_S = 400.0
+
+
+def _run(run_dir: Path, case: str, env: dict[str, str] | None = None) -> list[dict]:
+    assert_ok(run_ranks([SCRIPT, "--run-dir", str(run_dir), "--case", case], env=env,
+                        timeout_s=TIMEOUT_S))
+    return [json.loads((run_dir.parent / f"{case}.rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def _cold(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> fsdptrace.Trace:
+    """The run dir alone, as another host (or this one after a reboot) reads it."""
+    with monkeypatch.context() as remote:
+        remote.setenv(journal_hot.HOT_DIR_ENV, "off")
+        return fsdptrace.load(run_dir)
+
+
+def _counts(markers: pd.DataFrame, rank: int) -> dict[str, int]:
+    mine = markers[markers["rank"] == rank]
+    return mine["kind"].astype(str).value_counts().to_dict()
+
+
+def _hot_folders(run_dir: Path, launch: str | None) -> list[Path]:
+    return [journal_hot.hot_dir(run_dir / "journal" / f"rank={r}", create=False, launch=launch)
+            for r in (0, 1)]
+
+
+@pytest.mark.parametrize(("case", "how"), [("kill-writer", "was killed by SIGKILL"),
+                                           ("stop-writer", "was stopped (SIGSTOP) and killed")],
+                         ids=["SIGKILL", "SIGSTOP"])
+def test_a_lost_writer_is_replaced_and_the_run_dir_alone_holds_every_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, how: str) -> None:
+    """Rank 1 SIGKILLs (the OOM killer's pick) or SIGSTOPs its writer process at step 5 and
+    trains on: the next optimizer boundary notices, records ``writer_lost`` and starts a new
+    writer (a stopped one is killed first), which converts the segments the old one left;
+    after close the run dir alone holds every row."""
+    run_dir = tmp_path / "run"
+    reports = _run(run_dir, case)
+    first, last = reports[1]["writers"]
+    assert first != last  # rank 1 runs a new writer process
+    assert reports[0]["writers"][0] == reports[0]["writers"][1]
+    message = f"writer process {first} {how}; restarted as {last}"
+    assert reports[1]["warnings"] == [f"fsdptrace: rank 1: {message}"]
+    trace = _cold(run_dir, monkeypatch)
+    assert trace.events.groupby("rank").size().to_dict() == {
+        0: STEPS * EVENTS_PER_STEP, 1: STEPS * EVENTS_PER_STEP}
+    for rank in (0, 1):
+        counts = _counts(trace.markers, rank)
+        assert counts["optimizer_step"] == STEPS and counts["close"] == 1
+    lost = trace.markers[trace.markers["kind"].astype(str) == "writer_lost"]
+    assert list(lost["rank"]) == [1] and list(lost["detail"]) == [message]
+    assert not list(run_dir.glob("journal/rank=*/*.seg"))
+    # summary counts it, and says what it means for the findings (issue 30).
+    said = overview(trace)
+    assert re.fullmatch(r"rank 1 at step \d+: its writer process died and was restarted.*",
+                        said["writers_lost"]), said
+    assert said["writers_stalled"] == "none"
+    # analyze says it under its verdict, in summary's words.
+    told = io.StringIO()
+    text.render(fsdptrace.analyze(run_dir), told)
+    assert f"writers lost: {said['writers_lost']}\n" in told.getvalue()
+    assert "writers stalled" not in told.getvalue()
+
+
+def test_a_job_killed_with_its_writers_leaves_nothing_a_rerun_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks and writer processes SIGKILLed together (a cgroup kill) leave their segments in
+    the hot folder. ``rm -rf`` and a clean rerun into the same path: the rerun has a new
+    launch, so a folder of its own; it reads whole on this host, and its writers' sweep
+    removed the killed job's folders (their run dir is gone)."""
+    run_dir = tmp_path / "run"
+    procs = start_ranks([SCRIPT, "--run-dir", str(run_dir), "--case", "hang"])
+    reports = [tmp_path / f"hang.rank{r}.json" for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not all(p.exists() for p in reports):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.2)
+        writers = [pid for p in reports for pid in json.loads(p.read_text())["writers"]]
+        for pid in writers:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        kill_all(procs)
+    killed = _hot_folders(run_dir, read_launch(run_dir))
+    assert all(folder is not None and journal_hot.segment_files(folder) for folder in killed)
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    _run(run_dir, "clean")
+    trace = fsdptrace.load(run_dir)  # on this host: the hot folders are looked at too
+    assert trace.events.groupby("rank").size().to_dict() == {
+        0: STEPS * EVENTS_PER_STEP, 1: STEPS * EVENTS_PER_STEP}
+    assert not any(folder.exists() for folder in killed if folder is not None)
+
+
+@pytest.fixture
+def tiny_hot_root(tmp_path: Path) -> Iterator[Path]:
+    """A 200 KB tmpfs as the hot root (a crowded /dev/shm); unmounted whatever happens."""
+    root = tmp_path / "hot"
+    root.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(root)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'not root'})")
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+def test_a_full_hot_root_falls_back_to_the_run_dir_and_loses_no_row(
+        tmp_path: Path, tiny_hot_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """13 tables' first segments (64 KB each) do not fit in 200 KB: the table that finds it
+    full, and every later segment, go to the run dir's journal, with one warning per rank
+    naming the hot folder, not the run dir."""
+    run_dir = tmp_path / "run"
+    reports = _run(run_dir, "clean", env={journal_hot.HOT_DIR_ENV: str(tiny_hot_root)})
+    for rank, report in enumerate(reports):
+        [warning] = report["warnings"]
+        assert warning.startswith(f"fsdptrace: rank {rank}: the hot journal folder "
+                                  f"{tiny_hot_root}/fsdptrace-{os.getuid()}/")
+        assert f"(ENOSPC: No space left on device); recording goes on in {run_dir}" in warning
+    trace = _cold(run_dir, monkeypatch)
+    assert trace.events.groupby("rank").size().to_dict() == {
+        0: STEPS * EVENTS_PER_STEP, 1: STEPS * EVENTS_PER_STEP}
+    for rank in (0, 1):
+        counts = _counts(trace.markers, rank)
+        assert counts["optimizer_step"] == STEPS and counts["close"] == 1
+        assert "recording_disabled" not in counts
+    assert not list(run_dir.glob("journal/rank=*/*.seg"))
+    assert not list((tiny_hot_root / f"fsdptrace-{os.getuid()}").iterdir())

@@ -1,0 +1,191 @@
+"""The hang verdict (check 6) and the cut-off rules of CHECKS.md v3, on hand-built tables.
+
+Each trace is what the recorder writes for a shape of hang that real jobs produce (see
+``tests/test_verdict_jobs.py`` for the jobs themselves): a rank that skipped a unit and then
+stopped at the same unit as the others, a rank behind the others with nothing diverging, ranks
+stopped at one place, stops in an eval forward and at a boundary, and the no-sync stall whose
+settings one rank recorded after the other had stopped.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fsdptrace import analyze, schema
+from fsdptrace.checks.majority import against_majority, ranks_text
+from fsdptrace.trace import Trace
+from tests.trace_builder import ROOT, TraceBuilder
+
+UNITS = [ROOT, "a", "b", "c", "head"]
+FORWARD, BACKWARD = schema.FORWARD, schema.BACKWARD
+
+
+def _job(world_size: int, stops: dict[int, list[str]], *, skip: dict[int, str] | None = None
+         ) -> TraceBuilder:
+    """Step 0 whole on every rank; in step 1's forward rank r runs ``UNITS`` (less
+    ``skip[r]``) and stops at ``stops[r]``'s last unit (the calls it recorded)."""
+    b = TraceBuilder(world_size=world_size)
+    for rank in range(world_size):
+        b.meta(rank)
+        for index, name in enumerate(UNITS):
+            b.unit(rank, name, is_root=index == 0)
+        b.marker(rank, 0, 0, schema.MARKER_MICRO_STEP)
+        b.run(rank, 0, 0, FORWARD, UNITS)
+        b.run(rank, 0, 0, BACKWARD, [ROOT, *reversed(UNITS[1:])])
+        b.marker(rank, 0, 0, schema.MARKER_OPTIMIZER_STEP)
+        b.marker(rank, 1, 0, schema.MARKER_MICRO_STEP)
+        b.run(rank, 1, 0, FORWARD, stops[rank])
+    return b
+
+
+def _stalled(trace: Trace) -> pd.DataFrame:
+    found = analyze(trace).findings
+    assert set(found["check"]) == {"stalled-rank"}, found[["check", "rank", "message"]]
+    return found.set_index("rank")
+
+
+def test_a_skipped_unit_inside_the_stopped_pass_is_the_root_cause() -> None:
+    """Rank 2 skipped ``b`` and every rank stopped at ``head``: the stopped passes differ
+    inside the part every rank recorded, so rank 2 is the culprit, not the network."""
+    seen = [ROOT, "a", "b", "c", "head"]
+    trace = _job(3, {0: seen, 1: seen, 2: [ROOT, "a", "c", "head"]}).build()
+    stalled = _stalled(trace)
+    assert sorted(stalled.index) == [0, 1, 2]
+    culprit = stalled.loc[2, "message"]
+    assert "root cause: this rank diverged before the stop (likely culprit)" in culprit
+    assert ("inside the stopped pass (step 1, micro-step 0, forward, compared over the 4 "
+            "call(s) every rank recorded): rank 2 ran c at index 2 where 2 of 3 ranks "
+            "(e.g. rank 0) ran b") in culprit
+    assert "root cause: rank 2 diverged before the stop" in stalled.loc[0, "message"]
+    assert "stall is inside" not in " ".join(stalled["message"])
+
+
+def test_two_ranks_that_disagree_give_both_sides() -> None:
+    """With two ranks no side is a majority: the verdict blames neither rank number."""
+    trace = _job(2, {0: [ROOT, "a", "b", "c", "head"], 1: [ROOT, "a", "c", "head"]}).build()
+    stalled = _stalled(trace)
+    for message in stalled["message"]:
+        assert "the ranks diverged before the stop with no majority (ranks 0, 1" in message
+        assert "no majority: the 2 ranks disagree, rank 0 | rank 1" in message
+        assert "likely culprit" not in message
+
+
+def test_no_divergence_names_the_rank_furthest_behind() -> None:
+    trace = _job(3, {0: UNITS, 1: UNITS, 2: UNITS[:2]}).build()
+    stalled = _stalled(trace)
+    assert ("stopped at step 1, micro-step 0, forward, last unit entered a (position 1, call 1)"
+            "; no rank diverged before the stop; it is furthest behind") in stalled.loc[2,
+                                                                                      "message"]
+    assert "rank 2 is further behind" in stalled.loc[0, "message"]
+
+
+def test_the_same_stop_everywhere_is_a_stall_below_the_unit() -> None:
+    trace = _job(2, {0: UNITS[:3], 1: UNITS[:3]}).build()
+    for message in _stalled(trace)["message"]:
+        assert "no rank diverged before the stop, so the stall is inside b's collective" \
+            in message
+
+
+def test_an_eval_stop_and_a_boundary_stop_are_places() -> None:
+    """Rank 0 finished step 1 and stopped in its 2nd eval forward of interval 2; rank 1
+    stopped right after optimizer step 1's boundary. Both are exact places, and rank 1 (at the
+    boundary, before interval 2 began) is behind rank 0."""
+    b = TraceBuilder(world_size=2)
+    for rank in range(2):
+        b.meta(rank)
+        for index, name in enumerate(UNITS):
+            b.unit(rank, name, is_root=index == 0)
+        for step in range(2):
+            b.marker(rank, step, 0, schema.MARKER_MICRO_STEP)
+            b.run(rank, step, 0, FORWARD, UNITS)
+            b.run(rank, step, 0, BACKWARD, [ROOT, *reversed(UNITS[1:])])
+            b.marker(rank, step, 0, schema.MARKER_OPTIMIZER_STEP)
+    b.eval_forward(0, 2, ROOT)
+    b.eval_forward(0, 2, "a")
+    stalled = _stalled(b.build())
+    assert ("stopped at eval forward 1 of eval interval 2 (after optimizer step 1), a"
+            in stalled.loc[0, "message"])
+    assert "stopped at the boundary after optimizer step 1; no rank diverged before the " \
+        "stop; it is furthest behind" in stalled.loc[1, "message"]
+
+
+def test_a_completed_forward_of_the_stopped_micro_step_is_compared() -> None:
+    """Rank 0 died in the backward of (1, 0) after a forward that differs from rank 1 and 2's:
+    rank-divergence reports it (only the backward is cut off), and the verdict names it."""
+    b = _job(3, {0: [ROOT, "a", "c", "head"], 1: UNITS, 2: UNITS})
+    b.run(0, 1, 0, BACKWARD, [ROOT])
+    for rank in (1, 2):
+        b.run(rank, 1, 0, BACKWARD, [ROOT, *reversed(UNITS[1:])])
+        b.marker(rank, 1, 0, schema.MARKER_OPTIMIZER_STEP)
+        b.marker(rank, 1, 0, schema.MARKER_CLOSE)
+    found = analyze(b.build()).findings
+    divergence = found[found["check"] == "rank-divergence"]
+    assert list(zip(divergence["rank"], divergence["step"], divergence["micro_step"],
+                    divergence["phase"], divergence["unit"], divergence["target"],
+                    strict=True)) == [(0, 1, 0, FORWARD, "c", "b")]
+    stalled = found[found["check"] == "stalled-rank"]
+    assert list(stalled["rank"]) == [0]
+    assert "stopped at step 1, micro-step 0, backward" in stalled["message"].iloc[0]
+    assert "root cause: this rank diverged before the stop (likely culprit), first " \
+        "rank-divergence: rank 0 ran c at index 2" in stalled["message"].iloc[0]
+
+
+def test_settings_a_stopped_rank_never_reached_are_not_compared() -> None:
+    """The no-sync stall: rank 1 stops in the backward of (0, 0) after ``c``'s post-backward
+    only; rank 0 finishes it, recording ``is_last_backward`` changes at the others'
+    post-backwards. Only ``c`` is compared in (0, 0), and there the ranks agree."""
+    b = TraceBuilder(world_size=2)
+    for rank in range(2):
+        b.meta(rank)
+        for index, name in enumerate(UNITS):
+            b.unit(rank, name, is_root=index == 0)
+        b.marker(rank, 0, 0, schema.MARKER_MICRO_STEP)
+        for name in UNITS:
+            b.setting(rank, 0, 0, name, "is_last_backward", "false")
+        b.run(rank, 0, 0, FORWARD, UNITS)
+    b.run(1, 0, 0, BACKWARD, [ROOT, "head", "c", "b"])
+    b.backward_grad(1, 0, 0, "head", "head.weight", "received")
+    b.backward_grad(1, 0, 0, "c", "c.weight", "received")
+    b.run(0, 0, 0, BACKWARD, [ROOT, "head", "c", "b", "a"])
+    for name in ("head", "c", "b", "a"):
+        b.backward_grad(0, 0, 0, name, f"{name}.weight", "received")
+        if name in ("b", "a"):
+            b.setting(0, 0, 0, name, "is_last_backward", "true")
+    b.marker(0, 0, 0, schema.MARKER_OPTIMIZER_STEP)
+    found = analyze(b.build()).findings
+    assert set(found["check"]) == {"stalled-rank"}, found[["check", "rank", "message"]]
+
+
+def test_linked_settings_are_one_finding() -> None:
+    """``set_requires_gradient_sync(False)`` on rank 2 flips ``requires_all_reduce`` too."""
+    b = TraceBuilder(world_size=3)
+    for rank in range(3):
+        b.meta(rank)
+        for index, name in enumerate(UNITS):
+            b.unit(rank, name, is_root=index == 0)
+        b.marker(rank, 0, 0, schema.MARKER_MICRO_STEP)
+        sync = "false" if rank == 2 else "true"
+        b.setting(rank, 0, 0, "a", "requires_gradient_sync", sync)
+        b.setting(rank, 0, 0, "a", "requires_all_reduce", sync)
+        b.run(rank, 0, 0, FORWARD, UNITS)
+        b.run(rank, 0, 0, BACKWARD, [ROOT, *reversed(UNITS[1:])])
+        b.marker(rank, 0, 0, schema.MARKER_OPTIMIZER_STEP)
+        b.marker(rank, 1, 0, schema.MARKER_CLOSE)
+    found = analyze(b.build()).findings
+    assert list(zip(found["check"], found["rank"], found["target"], strict=True)) == [
+        ("setting-divergence", 2, "requires_gradient_sync, requires_all_reduce")]
+    assert "a's requires_gradient_sync, requires_all_reduce = false, false, where 2 of 3 " \
+        "ranks (e.g. rank 0) had true, true" in found["message"].iloc[0]
+
+
+def test_one_majority_rule() -> None:
+    """A strict majority is the reference; a tie sets every rank against another side."""
+    rows = pd.DataFrame({"g": 0, "rank": [0, 1, 2, 3], "v": ["x", "x", "y", "z"]})
+    odd = against_majority(rows, ["g"], "v")
+    assert list(zip(odd["rank"], odd["reference"], odd["tied"], strict=True)) == [
+        (2, "x", False), (3, "x", False)]
+    tie = against_majority(rows.assign(v=["x", "x", "y", "y"]), ["g"], "v")
+    assert sorted(zip(tie["rank"], tie["reference"], tie["reference_rank"], strict=True)) == [
+        (0, "y", 2), (1, "y", 2), (2, "x", 0), (3, "x", 0)]
+    assert set(tie["sides"]) == {"ranks 0-1 | ranks 2-3"}
+    assert ranks_text([5, 0, 1, 2, 7]) == "ranks 0-2, 5, 7"
