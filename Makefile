@@ -14,7 +14,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 PYPI_INDEX ?= https://pypi.org/simple
 LOCAL_TORCH ?= auto
 
-.PHONY: setup demo test lint samples clean
+.PHONY: setup demo test quick lint samples clean
 
 $(BIN)/fsdptrace: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,7 @@ $(BIN)/fsdptrace: pyproject.toml
 		$(BIN)/pip install --quiet --index-url $(TORCH_INDEX) --extra-index-url $(PYPI_INDEX) \
 			'$(TORCH_SPEC)'; \
 	else $(BIN)/pip install --quiet '$(TORCH_SPEC)'; fi
-	$(BIN)/pip install --quiet -e '.[test,lint]'
+	$(BIN)/pip install --quiet -e '.[test,lint,trainers]'
 	touch $@
 
 # The real HSDP framework (hyper_parallel) for tests/test_hsdp.py, from shared/ beside the repo;
@@ -41,13 +41,40 @@ $(VENV)/.hyper_parallel: $(BIN)/fsdptrace $(wildcard $(HSDP_WHEEL))
 
 setup: $(BIN)/fsdptrace $(VENV)/.hyper_parallel
 
+# The demo's first screen says what it shows: a FAIL that is the planted bug being found.
+# `make demo DEMO_ARGS=--fixed` records the same job wired right: OK, no findings. record exits
+# with the job's own status, so the demo's findings do not fail make.
+DEMO_ARGS ?=
+
 demo: setup
-	rm -rf $(RUN_DIR)
-	$(BIN)/fsdptrace record --run-dir $(RUN_DIR) --fail-on never -- \
-		$(BIN)/torchrun --nproc-per-node 2 examples/train_tiny.py
+ifeq ($(DEMO_ARGS),)
+	@echo "fsdptrace demo: examples/train_tiny.py trains 4 FSDP2 blocks on 2 CPU ranks with ONE"
+	@echo "  PLANTED prefetch bug, line 45: layers[2].set_modules_to_forward_prefetch([layers[1]])"
+	@echo "  prefetches a block that already ran. Expect FAIL, on units 3 -> 2 (layers[i] is unit"
+	@echo "  i+1 of the nn.Sequential): that is fsdptrace finding the bug, not a broken set-up."
+	@echo "  The same job wired right, clean (OK: no findings): make demo DEMO_ARGS=--fixed"
+else
+	@echo "fsdptrace demo: examples/train_tiny.py $(DEMO_ARGS) (no planted bug): expect OK"
+endif
+	@echo
+	@rm -rf $(RUN_DIR)
+	$(BIN)/fsdptrace record --run-dir $(RUN_DIR) -- \
+		$(BIN)/torchrun --nproc-per-node 2 examples/train_tiny.py $(DEMO_ARGS)
+
+# The whole suite (CI). Two workers: the tests that mostly wait on a job (signals, hangs,
+# timeouts) overlap with CPU-bound ones. --dist loadfile keeps a file's tests on one worker, so
+# a module's recordings are made once; the session's are shared between workers through
+# tests/recordings.py (a file lock). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+TEST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: setup
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q --durations=20 $(TEST_ARGS)
+
+# The developer loop: every test but those that start their own multi-process jobs (the
+# `slow` marker, set by tests/conftest.py); the session's scenario recordings are one launch.
+quick: setup
+	$(BIN)/python -m pytest -q -m "not slow" $(TEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check fsdptrace cli tests benchmarks examples

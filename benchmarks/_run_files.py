@@ -31,7 +31,9 @@ from fsdptrace.version import __version__
 
 # Tables the recorder opens before the first step, so their first segment exists even when
 # they stay empty; the others (no eval forward, no live check) keep the empty part only.
-OPENED_AT_START = frozenset(schema.TABLES) - {"eval_forwards", "findings"}
+# Tables the recorder opens at its start (the others with their first row: an eval forward,
+# a live finding, an FSDP collective).
+OPENED_AT_START = frozenset(schema.TABLES) - {"eval_forwards", "findings", "collectives"}
 # A framed row's JSON, about: sizes the compacted part's segment range of a closed rank.
 _FRAMED_ROW_BYTES = 64
 

@@ -35,7 +35,7 @@ import generate_run  # noqa: E402
 # Every table the analyzer reads (``fsdptrace.trace.TABLE_NAMES``): the floor reads them all.
 TABLES = ("meta", "units", "events", "markers", "prefetch", "gradients", "pending",
           "allgathers", "findings", "backward_grads", "grads_written", "eval_forwards",
-          "settings")
+          "settings", "collectives")
 VARIANTS = ("read", "analyze-j1", "analyze-j2", "triage")
 TRIAGE = "stalled-rank"
 WHERE = ["check", "rank", "step", "micro_step", "phase", "unit", "target"]

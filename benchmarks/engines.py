@@ -34,7 +34,8 @@ from pathlib import Path
 
 # The tables ``fsdptrace.analyze`` reads for the default checks.
 TABLES = ("meta", "units", "events", "markers", "prefetch", "gradients", "pending",
-          "allgathers", "backward_grads", "grads_written", "eval_forwards", "settings")
+          "allgathers", "backward_grads", "grads_written", "eval_forwards", "settings",
+          "collectives")
 ENGINES = ("fsdptrace-reader", "pq-per-file", "pa-dataset", "duckdb", "polars")
 TASKS = ("read", "last", "orders")
 OPTIONAL = {"duckdb": "duckdb", "polars": "polars"}
