@@ -20,10 +20,10 @@ import pandas as pd
 import pytest
 
 import fsdptrace
-from fsdptrace import flight_recorder
 from fsdptrace.checks import stalled_rank
-from fsdptrace.checks.collective_counts import COLUMNS, collective_count_differences
-from fsdptrace.record.flight_recorder import FR_PATTERN
+from fsdptrace.checks.kernel.collective_counts import COLUMNS, collective_count_differences
+from fsdptrace.reading import flight_recorder
+from fsdptrace.store.fatal_signals import FR_PATTERN
 from tests.jobs import REPO, kill_all, run_ranks, start_ranks
 from tests.jobs_scripts.tables import read_folded
 from tests.test_endings_jobs import SCRIPT as ENDING_SCRIPT
