@@ -61,6 +61,21 @@ def test_counts_without_majority_give_every_side() -> None:
     assert list(collective_count_differences(_passes(rows[:2] + rows[:0]))) == COLUMNS
 
 
+def test_counts_take_the_majority_as_every_cross_rank_check_does() -> None:
+    """Four ranks issuing 3, 3, 2 and 1 all-gathers: 3 is the most common count
+    (``majority.against_majority``), so ranks 2 and 3 are reported, each against rank 0; two
+    sides of two ranks each have no majority, and every rank is compared with the other side,
+    never with a rank that issued as many as itself."""
+    units = ["a", "b", "c"]
+    plural = [(r, 0, u, "all_gather") for r, n in enumerate((3, 3, 2, 1)) for u in units[:n]]
+    found = collective_count_differences(_passes(plural))
+    assert list(zip(found["rank"], found["unit"], found["index"], strict=True)) == [
+        (2, "c", 2), (3, "b", 1)]
+    tied = [(r, 0, u, "all_gather") for r, n in enumerate((3, 3, 2, 2)) for u in units[:n]]
+    found = collective_count_differences(_passes(tied))
+    assert list(found["rank"]) == [0, 1, 2, 3] and set(found["unit"]) == {"c"}
+
+
 @pytest.mark.slow
 def test_skipped_layer_issues_one_all_gather_fewer(tmp_path: Path) -> None:
     """Rank 1 skips ``layers.1`` at step 1. Step 0: every collective recorded on both ranks,

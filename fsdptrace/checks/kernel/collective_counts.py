@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import pandas as pd
 
+from fsdptrace.checks.kernel.majority import against_majority
+from fsdptrace.checks.kernel.order import first_difference_of
+
 PASS = ["step", "micro_step", "phase"]
 COLUMNS = [*PASS, "group", "rank", "count", "others", "unit", "kind", "index"]
 
 
 def collective_count_differences(collectives: pd.DataFrame) -> pd.DataFrame:
     """Per (step, micro_step, phase) and process group where the ranks' counts differ: each rank
-    whose count is not the most common one (every rank when no count is held by a strict
-    majority), with ``count``, ``others`` ("rank 0: 8, rank 2: 8"), and the collective with no
+    whose count is not the majority's (``majority.against_majority``: every rank when there is
+    none), with ``count``, ``others`` ("rank 0: 8, rank 2: 8"), and the collective with no
     partner: ``unit`` and ``kind`` of the first collective where this rank's sequence and the
     others' part ways, taken from the side that issued more, at ``index`` (0-based)."""
     if not len(collectives):
@@ -35,32 +38,22 @@ def collective_count_differences(collectives: pd.DataFrame) -> pd.DataFrame:
         "unit": collectives["unit"].astype(str), "kind": collectives["kind"].astype(str)})
     key = [*PASS, "group"]
     counts = rows.groupby([*key, "rank"], sort=True).size().rename("count").reset_index()
-    uneven = counts.groupby(key)["count"].transform("nunique") > 1
-    counts = counts[uneven]
-    if not len(counts):
+    counts = counts[counts.groupby(key)["count"].transform("nunique") > 1]
+    differs = against_majority(counts, key, "count")
+    if not len(differs):
         return pd.DataFrame(columns=COLUMNS)
-    found = [_outliers(rows, tuple(k), group) for k, group in counts.groupby(key, sort=True)]
-    return pd.concat(found, ignore_index=True)[COLUMNS]
-
-
-def _outliers(rows: pd.DataFrame, key: tuple, counts: pd.DataFrame) -> pd.DataFrame:
-    """The reported ranks of one uneven pass and group (a handful of rows per pass)."""
-    by_count = counts["count"].value_counts()
-    strict = by_count.iloc[0] * 2 > len(counts)
-    common = int(by_count.index[0])
-    picked = counts[counts["count"] != common] if strict else counts
-    selected = rows[(rows[PASS + ["group"]] == pd.Series(key, index=PASS + ["group"])).all(axis=1)]
-    sequences = {int(rank): list(zip(part["unit"], part["kind"], strict=True))
-                 for rank, part in selected.sort_values("seq").groupby("rank")}
+    differs = differs.sort_values([*key, "rank"])
+    uneven = rows.merge(counts[key].drop_duplicates(), on=key).sort_values("seq")
+    sequences = {(tuple(k), int(rank)): list(zip(part["unit"], part["kind"], strict=True))
+                 for (*k, rank), part in uneven.groupby([*key, "rank"])}
     out = []
-    for rank, count in zip(picked["rank"], picked["count"], strict=True):
-        others = counts[counts["rank"] != rank]
-        if strict:
-            reference = sequences[int(counts.loc[counts["count"] == common, "rank"].iloc[0])]
-        else:
-            reference = sequences[int(others["rank"].iloc[0])]
-        index, unit, kind = _unpaired(sequences[int(rank)], reference)
-        out.append((*key, int(rank), int(count),
+    for row in differs.itertuples(index=False):
+        where = tuple(getattr(row, c) for c in key)
+        group = counts[(counts[key] == pd.Series(where, index=key)).all(axis=1)]
+        others = group[group["rank"] != row.rank]
+        index, unit, kind = _unpaired(sequences[(where, int(row.rank))],
+                                      sequences[(where, int(row.reference_rank))])
+        out.append((*where, int(row.rank), int(row.count),
                     ", ".join(f"rank {r}: {c}" for r, c in zip(others["rank"], others["count"],
                                                                 strict=True)),
                     unit, kind, index))
@@ -69,9 +62,7 @@ def _outliers(rows: pd.DataFrame, key: tuple, counts: pd.DataFrame) -> pd.DataFr
 
 def _unpaired(mine: list[tuple[str, str]], reference: list[tuple[str, str]]
               ) -> tuple[int, str, str]:
-    """Where two sequences part ways, and the collective there of the longer one."""
-    common = min(len(mine), len(reference))
-    index = next((i for i in range(common) if mine[i] != reference[i]), common)
-    longer = mine if len(mine) > len(reference) else reference
-    unit, kind = longer[index] if index < len(longer) else ("", "")
+    """Where two sequences part ways, and the collective there of the one that issued more."""
+    index, own, theirs = first_difference_of(mine, reference)
+    unit, kind = own if len(mine) > len(reference) else theirs
     return index, unit, kind
