@@ -17,8 +17,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdptrace import journal_hot, journal_read, schema
-from fsdptrace.journal_format import FIXED_TABLES, RANGE_PART_FILE, dictionary_columns
 from fsdptrace.record.journal import (
     FIRST_SEGMENT_BYTES,
     MAX_SEGMENT_BYTES,
@@ -27,6 +25,8 @@ from fsdptrace.record.journal import (
     open_table,
 )
 from fsdptrace.record.part_writer import PartWriter
+from fsdptrace.store import journal_hot, journal_read, schema
+from fsdptrace.store.journal_format import FIXED_TABLES, RANGE_PART_FILE, dictionary_columns
 from fsdptrace.version import __version__
 
 # Tables the recorder opens before the first step, so their first segment exists even when

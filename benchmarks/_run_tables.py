@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from fsdptrace import schema
+from fsdptrace.store import schema
 from fsdptrace.version import __version__
 
 # Per slot of the layout: the event, its all-gather (issue, consume, reshard), then up to two

@@ -22,8 +22,9 @@ import resource
 import time
 from pathlib import Path
 
-from fsdptrace import analysis, reader
+from fsdptrace.analysis import run as analysis
 from fsdptrace.checks import resolve
+from fsdptrace.reading import reader
 
 
 def _cpu_s() -> float:

@@ -45,7 +45,7 @@ from _common import build_fsdp_stack, free_port, print_table, rotated  # noqa: E
 
 import fsdptrace  # noqa: E402
 from fsdptrace.record.backends.fsdp2 import collectives  # noqa: E402
-from fsdptrace.schema import COLLECTIVES  # noqa: E402
+from fsdptrace.store.schema import COLLECTIVES  # noqa: E402
 
 WITHOUT, WITH, READ_EACH = "without", "with", "read each"
 

@@ -37,7 +37,7 @@ def where(findings: pd.DataFrame) -> set[tuple]:
 
 
 def _warm() -> None:
-    import fsdptrace.analysis  # noqa: F401
+    import fsdptrace.analysis.run  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         print("skipped: Dask distributed is not installed (pip install 'fsdptrace[dask]')")
         return 0
     import fsdptrace
-    from fsdptrace import reader
+    from fsdptrace.reading import reader
 
     work = Path(tempfile.mkdtemp(dir=args.work_dir)) if args.run_dir is None else None
     run_dir = args.run_dir or work / "run"  # type: ignore[operator]

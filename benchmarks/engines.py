@@ -1,6 +1,6 @@
 """Reading a run dir's tables, and a triage aggregation, with each engine side by side.
 
-The analyzer reads each rank's files with ``pyarrow.parquet`` (``fsdptrace.reader``: footer
+The analyzer reads each rank's files with ``pyarrow.parquet`` (``fsdptrace.reading.reader``: footer
 and values checked, one rank at a time so the map runs in processes or on Dask). Well-kept
 engines read a hive-partitioned folder in one call: pyarrow's dataset scanner, DuckDB, Polars.
 This measures, on one generated run dir, with every engine held to the same number of threads:
@@ -65,7 +65,7 @@ def _read_per_file(run_dir: Path, table: str, columns: list[str] | None = None):
 
 
 def _read_fsdptrace(run_dir: Path, table: str):
-    from fsdptrace import reader
+    from fsdptrace.reading import reader
 
     return reader.read_ranks(run_dir, table, reader.discover_ranks(run_dir))
 
@@ -217,7 +217,7 @@ def child(engine: str, task: str, run_dir: Path, threads: int) -> dict[str, obje
     elif engine == "duckdb":
         import duckdb  # noqa: F401
     elif engine == "fsdptrace-reader":
-        import fsdptrace.reader  # noqa: F401
+        import fsdptrace.reading.reader  # noqa: F401
     start = time.perf_counter()
     result = run_task(engine, task, run_dir, threads)
     seconds = time.perf_counter() - start
@@ -234,7 +234,7 @@ def measure(engine: str, task: str, run_dir: Path, threads: int) -> dict:
 
 
 def tail_ranks(run_dir: Path) -> set[int]:
-    """Ranks with journal segments: rows hive readers do not see (``fsdptrace.reader`` folds
+    """Ranks with journal segments: rows hive readers do not see (``fsdptrace.reading.reader`` folds
     them in)."""
     return {_rank(p) for p in (run_dir / "journal").glob("rank=*/*.seg")}
 

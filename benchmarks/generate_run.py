@@ -36,7 +36,7 @@ import _run_tables
 import numpy as np
 import pyarrow as pa
 
-from fsdptrace import schema
+from fsdptrace.store import schema
 
 PLANTED_FILE = "planted.json"
 Finding = tuple[str, int, int | None, int | None, str | None, str | None, str | None]

@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table  # noqa: E402
 
-from fsdptrace import schema  # noqa: E402
-from fsdptrace.journal_format import FIXED_TABLES, JOURNAL_DIR, dictionary_columns  # noqa: E402
 from fsdptrace.record.journal import FixedTable, FramedTable, Table, open_table  # noqa: E402
+from fsdptrace.store import schema  # noqa: E402
+from fsdptrace.store.journal_format import FIXED_TABLES, JOURNAL_DIR, dictionary_columns  # noqa: E402
 from fsdptrace.watch.probe import Probe  # noqa: E402
 
 UNITS = 48

@@ -14,27 +14,27 @@ from fsdptrace.errors import FsdptraceError, LifecycleError, RunDirError
 from fsdptrace.version import __version__
 
 if TYPE_CHECKING:
-    from fsdptrace.analysis import analyze, incomplete_ranges
+    from fsdptrace.analysis.result import Analysis
+    from fsdptrace.analysis.run import analyze, incomplete_ranges
+    from fsdptrace.reading.trace import Trace, load
     from fsdptrace.record.attach import attach
     from fsdptrace.record.recorder import Recorder
     from fsdptrace.render.formats import FORMATS
     from fsdptrace.render.formats import save as write
-    from fsdptrace.result import Analysis
-    from fsdptrace.run_diff import RunDiff, diff
-    from fsdptrace.trace import Trace, load
+    from fsdptrace.views.run_diff import RunDiff, diff
 
 _LAZY = {
     "attach": ("fsdptrace.record.attach", "attach"),
     "Recorder": ("fsdptrace.record.recorder", "Recorder"),
-    "load": ("fsdptrace.trace", "load"),
-    "Trace": ("fsdptrace.trace", "Trace"),
-    "analyze": ("fsdptrace.analysis", "analyze"),
-    "Analysis": ("fsdptrace.result", "Analysis"),
+    "load": ("fsdptrace.reading.trace", "load"),
+    "Trace": ("fsdptrace.reading.trace", "Trace"),
+    "analyze": ("fsdptrace.analysis.run", "analyze"),
+    "Analysis": ("fsdptrace.analysis.result", "Analysis"),
     "FORMATS": ("fsdptrace.render.formats", "FORMATS"),
     "write": ("fsdptrace.render.formats", "save"),
-    "incomplete_ranges": ("fsdptrace.analysis", "incomplete_ranges"),
-    "diff": ("fsdptrace.run_diff", "diff"),
-    "RunDiff": ("fsdptrace.run_diff", "RunDiff"),
+    "incomplete_ranges": ("fsdptrace.analysis.run", "incomplete_ranges"),
+    "diff": ("fsdptrace.views.run_diff", "diff"),
+    "RunDiff": ("fsdptrace.views.run_diff", "RunDiff"),
 }
 
 __all__ = [

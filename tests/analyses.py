@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from fsdptrace import endings
-from fsdptrace.checks import CHECKS, incomplete
-from fsdptrace.result import Analysis
+from fsdptrace.analysis.result import Analysis
+from fsdptrace.checks import CHECKS
+from fsdptrace.reading import endings, incomplete
 
 
 def analysis_of(findings: pd.DataFrame, *, num_ranks: int = 2, world_size: int | None = None,

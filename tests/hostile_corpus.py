@@ -32,8 +32,8 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
-import fsdptrace.journal_format as jf
-from fsdptrace import schema
+import fsdptrace.store.journal_format as jf
+from fsdptrace.store import schema
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 BASE = "wrong-forward-prefetch"  # findings, prefetch edges and all-gathers
@@ -477,7 +477,7 @@ SEGMENT_WRITER = "j7_7"  # a schema-2 writer id: no Parquet part of the samples 
 
 
 def segment_bytes(table: str, rows: pa.Table) -> bytes:
-    """``rows`` as one journal segment, laid out as ``fsdptrace.journal_format`` says (the
+    """``rows`` as one journal segment, laid out as ``fsdptrace.store.journal_format`` says (the
     recorder's own format: header, JSON vocabulary, then fixed slots or framed records)."""
     names = schema.TABLES[table].names
     if table in jf.FIXED_TABLES:

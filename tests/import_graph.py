@@ -7,7 +7,7 @@ arrow here carries its kind, and the circles are counted three times: module-lev
 those plus function-level ones, and all three kinds.
 
 An arrow goes to the module named: ``from fsdptrace.checks import order`` is an arrow to
-``fsdptrace.checks.order`` (a submodule), ``from fsdptrace.checks import CHECKS`` one to
+``fsdptrace.checks.kernel.order`` (a submodule), ``from fsdptrace.checks import CHECKS`` one to
 ``fsdptrace.checks`` (the package's ``__init__``). The parent packages Python runs on the way
 are not arrows: they would make every module of a package that re-exports its parts a circle.
 

@@ -16,7 +16,7 @@ CHILD = r"""
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 from pathlib import Path
-from fsdptrace import journal_read
+from fsdptrace.store import journal_read
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 path = Path(sys.argv[1]); table = path.name.split("-")[0]
 try:

@@ -12,8 +12,9 @@ from collections import Counter
 
 import pandas as pd
 
-from fsdptrace import endings, schema
-from fsdptrace.trace import Trace
+from fsdptrace.reading import endings
+from fsdptrace.reading.trace import Trace
+from fsdptrace.store import schema
 
 PASS = ["rank", "step", "micro_step", "phase"]
 

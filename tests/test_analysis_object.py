@@ -19,8 +19,8 @@ from fsdptrace_cli.commands import summary as summary_command
 from fsdptrace_cli.main import cli
 
 import fsdptrace
+from fsdptrace.analysis.result import FAIL_ON
 from fsdptrace.render.formats import FORMATS, SUGGEST_FORMATS, SUMMARY_FORMATS
-from fsdptrace.result import FAIL_ON
 
 
 def invoke(*args: str | Path) -> tuple[int, str]:
@@ -41,7 +41,7 @@ def test_an_analysis_holds_the_facts_around_its_findings(scenario_runs: Path) ->
     assert isinstance(analysis, fsdptrace.Analysis)
     assert (analysis.run_dir, analysis.ranks, analysis.world_size) == (
         scenario_runs / "wrong-forward-prefetch", (0, 1), 2)
-    assert analysis.checks == tuple(fsdptrace.analysis.CHECKS)
+    assert analysis.checks == tuple(fsdptrace.analysis.run.CHECKS)
     assert list(analysis.endings["ending"]) == ["clean", "clean"]
     assert analysis.incomplete.empty and analysis.missing_ranks == []
     assert analysis.verdict == "errors"

@@ -21,11 +21,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import fsdptrace
-from fsdptrace import fatal_signals, map_step, schema
+from fsdptrace.analysis import map_step
 from fsdptrace.checks import CHECKS
-from fsdptrace.journal_format import FIXED_TABLES, JOURNAL_DIR, RANGE_PART_NAME
-from fsdptrace.reader import read_rank
-from fsdptrace.run_mark import RUN_MARK as RUN_MARK_FILE
+from fsdptrace.reading.reader import read_rank
+from fsdptrace.store import fatal_signals, schema
+from fsdptrace.store.journal_format import FIXED_TABLES, JOURNAL_DIR, RANGE_PART_NAME
+from fsdptrace.store.run_mark import RUN_MARK as RUN_MARK_FILE
 from fsdptrace.version import __version__
 from tests.synthetic import TINY, generate_run, generate_tiny, where
 
@@ -266,7 +267,7 @@ def test_triage_reads_endings_and_agrees(tmp_path: Path) -> None:
 def test_the_read_floor_reads_every_table_the_analyzer_reads() -> None:
     import importlib.util
 
-    from fsdptrace.trace import TABLE_NAMES
+    from fsdptrace.reading.trace import TABLE_NAMES
 
     spec = importlib.util.spec_from_file_location(
         "analyzer_throughput", ROOT / "benchmarks" / "analyzer_throughput.py")

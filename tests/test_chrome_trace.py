@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import fsdptrace
-from fsdptrace import unsharded
+from fsdptrace.reading import unsharded
 from fsdptrace.render.chrome_trace import COUNTER, write_chrome_trace
 from fsdptrace.render.wall_clock import shifts
 

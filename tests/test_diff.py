@@ -17,7 +17,7 @@ from fsdptrace_cli.main import cli
 
 import fsdptrace
 from fsdptrace.render.diff_report import render_text
-from fsdptrace.run_diff import EdgeChange, OrderChange, SettingChange, UnitChange
+from fsdptrace.views.run_diff import EdgeChange, OrderChange, SettingChange, UnitChange
 from tests.jobs import REPO
 from tests.recordings import Recordings
 

@@ -83,7 +83,7 @@ def test_cli_scheduler_option(run_dir: Path, scheduler: str) -> None:
 
 def test_unreachable_scheduler_is_one_line(run_dir: Path, monkeypatch: pytest.MonkeyPatch
                                           ) -> None:
-    from fsdptrace.distributed import CONNECT_TIMEOUT_ENV
+    from fsdptrace.analysis.distributed import CONNECT_TIMEOUT_ENV
 
     monkeypatch.setenv(CONNECT_TIMEOUT_ENV, "2")  # nobody listens on port 1: fail fast
 

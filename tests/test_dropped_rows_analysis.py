@@ -21,11 +21,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fsdptrace import RunDirError, analyze, load, schema
-from fsdptrace.analysis import incomplete_ranges
+from fsdptrace import RunDirError, analyze, load
+from fsdptrace.analysis.run import incomplete_ranges
+from fsdptrace.reading.trace import TABLE_NAMES, Trace
 from fsdptrace.render import text
-from fsdptrace.summary import overview
-from fsdptrace.trace import TABLE_NAMES, Trace
+from fsdptrace.store import schema
+from fsdptrace.views.summary import overview
 from tests.trace_builder import ROOT, TraceBuilder, clean_run
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,12 +1,12 @@
-"""How a rank ended, read from markers in one place (``fsdptrace.endings``); aborted
+"""How a rank ended, read from markers in one place (``fsdptrace.reading.endings``); aborted
 micro-steps are cut off in every table (``checks.incomplete``)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from fsdptrace import endings, schema
-from fsdptrace.checks import incomplete
+from fsdptrace.reading import endings, incomplete
+from fsdptrace.store import schema
 
 
 def _markers(rows: list[tuple[int, int, str, str]]) -> pd.DataFrame:

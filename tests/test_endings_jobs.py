@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import fsdptrace
-from fsdptrace import endings
 from fsdptrace.errors import RunDirError
+from fsdptrace.reading import endings
 from tests.jobs import REPO, assert_ok, free_port, kill_all, run_ranks, start_ranks
 from tests.jobs_scripts.tables import read_folded, read_table
 
@@ -31,7 +31,7 @@ def _markers(run_dir: Path) -> object:
 
 # A chunk a dead rank's writer process compacted away while we read is not damage.
 pytestmark = [pytest.mark.slow,
-              pytest.mark.filterwarnings("error::fsdptrace.chunk_gaps.SkippedChunkWarning")]
+              pytest.mark.filterwarnings("error::fsdptrace.reading.chunk_gaps.SkippedChunkWarning")]
 
 SCRIPT = "tests/jobs_scripts/ending_job.py"
 

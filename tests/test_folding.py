@@ -6,7 +6,8 @@ import io
 
 from fsdptrace.checks import findings
 from fsdptrace.render import text
-from fsdptrace.render.folding import fold, rank_ranges
+from fsdptrace.render.folding import fold
+from fsdptrace.views.rank_ranges import rank_ranges
 from tests.analyses import analysis_of
 
 

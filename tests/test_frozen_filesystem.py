@@ -2,8 +2,8 @@
 
 A filesystem freeze (``fsfreeze``; what a stalled NFS or Lustre server does to writers) blocks
 every write to it until the thaw. The recorder's hooks write into segments mapped from a private
-tmpfs folder (``fsdptrace.journal_hot``), so they never touch the frozen filesystem; the writer
-thread blocks there without Python's lock, ``close()`` gives up after ``close_timeout_s`` and
+tmpfs folder (``fsdptrace.store.journal_hot``), so they never touch the frozen filesystem; the
+writer thread blocks there without Python's lock, ``close()`` gives up after ``close_timeout_s`` and
 the process exits; after the thaw, the watchdog moves what was not written into the run dir.
 
 Real: a loop-mounted ext4 frozen with ``fsfreeze -f``, which needs root and loop devices;
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdptrace import journal_hot
+from fsdptrace.store import journal_hot
 from tests.jobs import start_ranks, wait_ranks
 from tests.jobs_scripts.tables import read_folded
 

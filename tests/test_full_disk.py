@@ -32,9 +32,9 @@ import pytest
 from click.testing import CliRunner
 from fsdptrace_cli.main import cli
 
-from fsdptrace import journal_hot, journal_read, schema
 from fsdptrace.record import writer
 from fsdptrace.record.journal import open_table
+from fsdptrace.store import journal_hot, journal_read, schema
 from tests.jobs import assert_ok, run_ranks
 
 pytestmark = pytest.mark.slow

@@ -31,15 +31,16 @@ from subprocess import Popen
 import pytest
 
 import fsdptrace
-from fsdptrace import endings, fatal_signals, flight_recorder, watch_records
 from fsdptrace.errors import RunDirError
-from fsdptrace.record.flight_recorder import FR_PATTERN
+from fsdptrace.reading import endings, flight_recorder
+from fsdptrace.store import fatal_signals, watch_records
+from fsdptrace.store.fatal_signals import FR_PATTERN
 from tests.jobs import kill_all, start_ranks
 from tests.jobs_scripts.tables import read_folded, read_table
 from tests.test_hsdp import BACKWARD, FORWARD, real_hsdp
 
 pytestmark = [real_hsdp, pytest.mark.slow,
-              pytest.mark.filterwarnings("error::fsdptrace.chunk_gaps.SkippedChunkWarning")]
+              pytest.mark.filterwarnings("error::fsdptrace.reading.chunk_gaps.SkippedChunkWarning")]
 
 SCRIPT = "tests/jobs_scripts/hsdp_cases.py"
 STOP = (2, 0, "forward", "layers.1")  # where rank 1 stops (hsdp_cases.STOP_STEP)

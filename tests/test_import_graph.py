@@ -23,24 +23,59 @@ from tests.import_graph import (
     module_files,
 )
 
-# What the training process must never load: the analysis side and pandas (a job that only
-# records never pays for them).
-ANALYSIS_SIDE = ("fsdptrace.checks", "fsdptrace.render", "fsdptrace.analysis",
-                 "fsdptrace.map_step", "fsdptrace.distributed", "fsdptrace.result",
-                 "fsdptrace.trace", "fsdptrace.summary", "fsdptrace.suggest",
-                 "fsdptrace.run_diff", "fsdptrace.diff_views", "fsdptrace_cli", "pandas")
-# The live option (``attach(raise_on_finding=...)``) *is* the checks run on this rank's rows
-# before the optimizer step: its one module imports them, only inside the functions that run
-# when it is on, or for types.
+# The stages, lowest first: the order of the folders in fsdptrace/ (docs/architecture.md). A
+# stage imports only its own and lower ones, at module level, inside functions and for types.
+# The recorder sits above the checks because its live option (``attach(raise_on_finding=...)``)
+# *is* the checks run on this rank's rows before the optimizer step; below them all, the run
+# dir's format, which the recorder writes and every reader reads.
+STAGES = (
+    ("base", ("fsdptrace.errors", "fsdptrace.version")),
+    ("store", ("fsdptrace.store",)),
+    ("reading", ("fsdptrace.reading",)),
+    ("checks", ("fsdptrace.checks",)),
+    ("record", ("fsdptrace.record",)),
+    ("analysis", ("fsdptrace.analysis",)),
+    ("views", ("fsdptrace.views",)),
+    ("render", ("fsdptrace.render",)),
+    ("watch", ("fsdptrace.watch",)),
+    ("facade", ("fsdptrace",)),
+    ("cli", ("fsdptrace_cli",)),
+)
+# What the training process must never load: what reads run dirs back and pandas (a job that
+# only records never pays for them); its live option only inside the functions that run when
+# it is on, or for types.
 LIVE = "fsdptrace.record.live"
-# The rules read tables and state findings: rendering, the analyzer and the CLI sit above them.
-ABOVE_CHECKS = ("fsdptrace.render", "fsdptrace.analysis", "fsdptrace.map_step",
-                "fsdptrace.distributed", "fsdptrace.result", "fsdptrace.summary",
-                "fsdptrace.suggest", "fsdptrace_cli")
+TRAINING_NEVER_LOADS = ("fsdptrace.reading", "fsdptrace.checks", "fsdptrace.analysis",
+                        "fsdptrace.views", "fsdptrace.render", "fsdptrace.watch",
+                        "fsdptrace_cli", "pandas")
 
 
 def _under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def stage_of(module: str) -> int:
+    """The index in STAGES of the stage that holds ``module`` (the longest prefix wins)."""
+    best = max(((len(prefix), level) for level, (_, prefixes) in enumerate(STAGES)
+                for prefix in prefixes if _under(module, (prefix,))), default=None)
+    assert best is not None, f"{module} is in no stage: add its folder to STAGES"
+    return best[1]
+
+
+def test_every_module_sits_in_one_stage_folder() -> None:
+    """No loose module at the top: each one's folder says which stage it belongs to."""
+    loose = [m for m, path in module_files().items() if m.count(".") == 1
+             and m.startswith("fsdptrace.") and path.name != "__init__.py"
+             and m not in ("fsdptrace.errors", "fsdptrace.version")]
+    assert loose == []
+    for module in module_files():
+        stage_of(module)
+
+
+def test_a_lower_stage_never_imports_a_higher_one() -> None:
+    upward = [f"{a.source} -> {a.target} ({a.kind}, line {a.line})" for a in arrows()
+              if stage_of(a.target) > stage_of(a.source)]
+    assert upward == [], "imports from a lower stage up:\n" + "\n".join(upward)
 
 
 def test_no_import_circle_of_any_kind() -> None:
@@ -53,7 +88,7 @@ def test_no_import_circle_of_any_kind() -> None:
 
 def test_record_never_imports_the_analysis_side() -> None:
     leaks = [a for a in imported_names() if a.source.startswith("fsdptrace.record")
-             and _under(a.target, ANALYSIS_SIDE)
+             and _under(a.target, TRAINING_NEVER_LOADS)
              and (a.source != LIVE or a.kind == MODULE)]
     assert leaks == []
 
@@ -64,10 +99,11 @@ def test_the_live_option_is_where_the_recorder_meets_the_checks() -> None:
     assert "fsdptrace.checks.per_rank_findings" in live
 
 
-def test_checks_never_import_render_the_analyzer_or_the_cli() -> None:
-    leaks = [a for a in imported_names() if a.source.startswith("fsdptrace.checks")
-             and _under(a.target, ABOVE_CHECKS)]
-    assert leaks == []
+def test_the_stage_order_can_fail() -> None:
+    """The direction test above is not vacuous: a store module importing a check is caught."""
+    assert stage_of("fsdptrace.store.schema") < stage_of("fsdptrace.checks.kernel.keys")
+    assert stage_of("fsdptrace_cli.main") == len(STAGES) - 1
+    assert stage_of("fsdptrace.watch.loop") > stage_of("fsdptrace.render.text")
 
 
 def test_the_graph_sees_each_kind_of_import_and_their_circles(tmp_path: Path) -> None:
@@ -90,10 +126,11 @@ def test_the_graph_sees_each_kind_of_import_and_their_circles(tmp_path: Path) ->
 
 
 def test_the_bootstrap_spells_the_run_dir_variable_as_env_does() -> None:
-    """The one copy of an environment name outside ``fsdptrace.env``: the zero-code bootstrap
-    runs where fsdptrace may not import, so it cannot import the name (read here, not run)."""
-    from fsdptrace import env
+    """The one copy of an environment name outside ``fsdptrace.store.env``: the zero-code
+    bootstrap runs where fsdptrace may not import, so it cannot import the name (read here,
+    not run)."""
     from fsdptrace.record.launch import BOOTSTRAP_DIR
+    from fsdptrace.store import env
 
     tree = ast.parse((BOOTSTRAP_DIR / "sitecustomize.py").read_text())
     spelled = {node.targets[0].id: node.value.value for node in tree.body

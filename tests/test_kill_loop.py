@@ -18,13 +18,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from fsdptrace import journal_hot, schema
-from fsdptrace.reader import discover_ranks, read_rank
+from fsdptrace.reading.reader import discover_ranks, read_rank
+from fsdptrace.store import journal_hot, schema
 from tests.jobs import free_port, run_ranks
 
 # A chunk a dead rank's writer process compacted away while we read is not damage.
 pytestmark = [pytest.mark.slow,
-              pytest.mark.filterwarnings("error::fsdptrace.chunk_gaps.SkippedChunkWarning")]
+              pytest.mark.filterwarnings("error::fsdptrace.reading.chunk_gaps.SkippedChunkWarning")]
 
 NUM_RUNS = 30
 

@@ -3,7 +3,7 @@
 One launch of ``tests/jobs_scripts/live_cases.py`` runs every case (a process group start
 costs seconds on this machine) and reports what it saw as JSON; each test judges one thing:
 the exception, that no parameter moved, the findings on disk, silence on clean runs, and the
-trainer helpers of ``fsdptrace.policies``.
+trainer helpers of ``fsdptrace.record.policies``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 import fsdptrace
-from fsdptrace import schema
+from fsdptrace.store import schema
 from tests.jobs import assert_ok, run_ranks
 from tests.jobs_scripts.live_cases import CLEAN, POLICY_MICRO_STEPS, RAISING
 from tests.jobs_scripts.tables import read_table

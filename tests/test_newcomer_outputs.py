@@ -24,12 +24,13 @@ import pytest
 from click.testing import CliRunner, Result
 from fsdptrace_cli.main import cli
 
-from fsdptrace import causes, unsharded
 from fsdptrace.checks import findings as findings_table
+from fsdptrace.reading import unsharded
+from fsdptrace.reading.sizes import human_bytes
+from fsdptrace.reading.trace import load
+from fsdptrace.reading.unit_names import is_positional, labeller, module_types
 from fsdptrace.render import as_json, told
-from fsdptrace.sizes import human_bytes
-from fsdptrace.trace import load
-from fsdptrace.unit_names import is_positional, labeller, module_types
+from fsdptrace.views import causes
 from tests.jobs import REPO
 from tests.recordings import Recordings
 

@@ -61,3 +61,12 @@ def test_the_wheel_holds_every_data_file(built: tuple[str, list[str]]) -> None:
     _, names = built
     assert [name for name in DATA_FILES if name not in names] == []
     assert "fsdptrace_cli/commands/record.py" in names
+
+
+def test_the_wheel_holds_every_module(built: tuple[str, list[str]]) -> None:
+    """Each package is listed by hand in pyproject.toml: a folder left out installs fine in
+    editable mode and is missing from the wheel (``fsdptrace.watch`` was, until this test)."""
+    _, names = built
+    modules = [str(p.relative_to(REPO)) for p in sorted((REPO / "fsdptrace").rglob("*.py"))]
+    modules += [str(p.relative_to(REPO / "cli")) for p in sorted((REPO / "cli").rglob("*.py"))]
+    assert [m for m in modules if m not in names] == []

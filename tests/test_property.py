@@ -13,9 +13,10 @@ import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsdptrace import analyze, schema
+from fsdptrace import analyze
+from fsdptrace.analysis.result import Analysis
 from fsdptrace.render.formats import FORMATS
-from fsdptrace.result import Analysis
+from fsdptrace.store import schema
 from tests.trace_builder import ROOT, TraceBuilder, clean_run
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

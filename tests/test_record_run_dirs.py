@@ -10,11 +10,10 @@ import pytest
 from click.testing import CliRunner, Result
 from fsdptrace_cli.main import cli
 
-from fsdptrace import schema
-from fsdptrace.fatal_signals import DUMPS_DIR
-from fsdptrace.journal_format import JOURNAL_DIR
-from fsdptrace.record import run_dirs
-from fsdptrace.run_mark import read_launch, write_mark
+from fsdptrace.store import run_dirs, schema
+from fsdptrace.store.fatal_signals import DUMPS_DIR
+from fsdptrace.store.journal_format import JOURNAL_DIR
+from fsdptrace.store.run_mark import read_launch, write_mark
 
 # The job writes where it was told to record, so a test sees what the job was given.
 SAY_RUN_DIR = ("import os, pathlib; d = pathlib.Path(os.environ['FSDPTRACE_RUN_DIR']); "

@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from fsdptrace.env import DEFAULT_RUNS_ROOT
 from fsdptrace.record.launch import BOOTSTRAP_DIR, record_env, run_recorded
+from fsdptrace.store.env import DEFAULT_RUNS_ROOT
 from tests.jobs import REPO, kill_all
 
 SCRIPTS = REPO / "tests" / "jobs_scripts"
@@ -256,9 +256,9 @@ def test_record_env_says_exactly_what_was_asked(tmp_path: Path) -> None:
 
 def test_launcher_is_light_and_agrees_with_the_recorder() -> None:
     code = (
-        "import sys, fsdptrace.record.launch as l, fsdptrace.record.run_dirs\n"
+        "import sys, fsdptrace.record.launch as l, fsdptrace.store.run_dirs\n"
         "print([m for m in ('torch', 'pyarrow', 'pandas') if m in sys.modules], "
-        "fsdptrace.record.run_dirs.DEFAULT_RUNS_ROOT)\n"
+        "fsdptrace.store.run_dirs.DEFAULT_RUNS_ROOT)\n"
     )
     assert _python(code, dict(os.environ)) == f"[] {DEFAULT_RUNS_ROOT}"
 

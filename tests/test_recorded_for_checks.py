@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import fsdptrace
-from fsdptrace import schema
 from fsdptrace.errors import RunDirError
+from fsdptrace.store import schema
 from tests.jobs import REPO, RankResult, case_result
 from tests.jobs_scripts.tables import read_folded
 from tests.recordings import Recordings

@@ -28,10 +28,10 @@ import pandas as pd
 import pytest
 
 import fsdptrace
-from fsdptrace import journal_hot
 from fsdptrace.render import text
-from fsdptrace.run_mark import read_launch
-from fsdptrace.summary import overview
+from fsdptrace.store import journal_hot
+from fsdptrace.store.run_mark import read_launch
+from fsdptrace.views.summary import overview
 from tests.jobs import assert_ok, kill_all, run_ranks, start_ranks
 
 pytestmark = pytest.mark.slow

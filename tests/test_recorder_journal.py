@@ -18,13 +18,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from fsdptrace import chunk_gaps, journal_hot, schema
 from fsdptrace.errors import SkippedChunkWarning, UnreadableChunkError
-from fsdptrace.journal_format import HEADER
-from fsdptrace.journal_read import read_segment
-from fsdptrace.reader import part_files, read_rank
+from fsdptrace.reading import chunk_gaps
+from fsdptrace.reading.reader import part_files, read_rank
 from fsdptrace.record.part_writer import PartWriter
 from fsdptrace.record.writer import ChunkWriter
+from fsdptrace.store import journal_hot, schema
+from fsdptrace.store.journal_format import HEADER
+from fsdptrace.store.journal_read import read_segment
 
 UNITS = ["<root>", "layers.0", "layers.1"]
 SMALL = (4096, 8192)  # segments of a few dozen rows: many conversions in a short test
@@ -191,7 +192,7 @@ def test_the_writer_mirrors_the_hot_tail_into_the_run_dir(tmp_path: Path,
 _KILLED_WRITER = """
 import os, signal, sys
 from pathlib import Path
-from fsdptrace import schema
+from fsdptrace.store import schema
 from fsdptrace.record.part_writer import PartWriter
 from fsdptrace.record.writer import ChunkWriter
 writer = ChunkWriter(Path(sys.argv[1]), rank=0, version="test", writer_id="j1_000000002",
@@ -229,7 +230,7 @@ def test_the_writer_process_writes_a_killed_process_tail_as_parquet(tmp_path: Pa
 _DEAD_RECORDING = """
 import os, signal, sys
 from pathlib import Path
-from fsdptrace import schema
+from fsdptrace.store import schema
 from fsdptrace.record.writer import ChunkWriter
 writer = ChunkWriter(Path(sys.argv[1]), rank=0, version="test", writer_id="j1_000000003",
                      segment_bytes=(4096, 8192))
@@ -304,7 +305,7 @@ def test_segments_say_which_recording_they_belong_to(tmp_path: Path) -> None:
     import json
 
     from fsdptrace.record.journal import RECORDING_KEY
-    from fsdptrace.run_mark import read_launch
+    from fsdptrace.store.run_mark import read_launch
 
     writer = _writer(tmp_path)
     _append_events(writer, 1, 10)

@@ -15,13 +15,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from fsdptrace import journal_hot, schema
-from fsdptrace.reader import read_rank
+from fsdptrace.reading.reader import read_rank
+from fsdptrace.store import journal_hot, schema
 from tests.jobs import kill_all, start_ranks
 
 # A chunk a dead rank's writer process compacted away while we read is not damage.
 pytestmark = [pytest.mark.slow,
-              pytest.mark.filterwarnings("error::fsdptrace.chunk_gaps.SkippedChunkWarning")]
+              pytest.mark.filterwarnings("error::fsdptrace.reading.chunk_gaps.SkippedChunkWarning")]
 
 SCRIPT = "tests/jobs_scripts/recorder_cases.py"
 FORWARD = ["<root>", "layers.0", "layers.1"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from fsdptrace import schema
+from fsdptrace.store import schema
 from tests.jobs import case_result
 from tests.jobs_scripts.tables import marker_kinds, orders, read_table, rows_of
 from tests.recordings import CATALOGUE, Recordings

@@ -20,10 +20,10 @@ import pandas as pd
 import pytest
 
 import fsdptrace
-from fsdptrace import flight_recorder
 from fsdptrace.checks import stalled_rank
-from fsdptrace.checks.collective_counts import COLUMNS, collective_count_differences
-from fsdptrace.record.flight_recorder import FR_PATTERN
+from fsdptrace.checks.kernel.collective_counts import COLUMNS, collective_count_differences
+from fsdptrace.reading import flight_recorder
+from fsdptrace.store.fatal_signals import FR_PATTERN
 from tests.jobs import REPO, kill_all, run_ranks, start_ranks
 from tests.jobs_scripts.tables import read_folded
 from tests.test_endings_jobs import SCRIPT as ENDING_SCRIPT
@@ -59,6 +59,21 @@ def test_counts_without_majority_give_every_side() -> None:
     assert list(found["others"]) == ["rank 1: 1", "rank 0: 2"]
     assert set(found["unit"]) == {"b"}
     assert list(collective_count_differences(_passes(rows[:2] + rows[:0]))) == COLUMNS
+
+
+def test_counts_take_the_majority_as_every_cross_rank_check_does() -> None:
+    """Four ranks issuing 3, 3, 2 and 1 all-gathers: 3 is the most common count
+    (``majority.against_majority``), so ranks 2 and 3 are reported, each against rank 0; two
+    sides of two ranks each have no majority, and every rank is compared with the other side,
+    never with a rank that issued as many as itself."""
+    units = ["a", "b", "c"]
+    plural = [(r, 0, u, "all_gather") for r, n in enumerate((3, 3, 2, 1)) for u in units[:n]]
+    found = collective_count_differences(_passes(plural))
+    assert list(zip(found["rank"], found["unit"], found["index"], strict=True)) == [
+        (2, "c", 2), (3, "b", 1)]
+    tied = [(r, 0, u, "all_gather") for r, n in enumerate((3, 3, 2, 2)) for u in units[:n]]
+    found = collective_count_differences(_passes(tied))
+    assert list(found["rank"]) == [0, 1, 2, 3] and set(found["unit"]) == {"c"}
 
 
 @pytest.mark.slow

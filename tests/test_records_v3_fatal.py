@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import fsdptrace
-from fsdptrace import endings, fatal_signals
+from fsdptrace.reading import endings
+from fsdptrace.store import fatal_signals
 from tests.jobs import REPO, kill_all, run_ranks, start_ranks
 from tests.jobs_scripts.tables import read_folded
 from tests.test_endings_jobs import SCRIPT as ENDING_SCRIPT

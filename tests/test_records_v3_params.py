@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import fsdptrace
-from fsdptrace import fatal_signals
+from fsdptrace.store import fatal_signals
 from tests.jobs import REPO, RankResult, assert_ok, case_result, run_ranks
 from tests.jobs_scripts.tables import read_folded
 

@@ -21,11 +21,11 @@ from click.testing import CliRunner, Result
 from fsdptrace_cli.main import cli
 
 import fsdptrace
-from fsdptrace import schema
 from fsdptrace.errors import SkippedChunkWarning
-from fsdptrace.journal_format import SEGMENT_NAME
-from fsdptrace.journal_read import read_segment
-from fsdptrace.reader import covered_ranges, part_files
+from fsdptrace.reading.reader import covered_ranges, part_files
+from fsdptrace.store import schema
+from fsdptrace.store.journal_format import SEGMENT_NAME
+from fsdptrace.store.journal_read import read_segment
 
 pytestmark = pytest.mark.slow
 
@@ -381,9 +381,9 @@ def test_reports_escape_odd_unit_names(scenario_runs: Path, tmp_path: Path) -> N
 def test_every_step_the_reader_accepts_has_its_own_key() -> None:
     """``step_key(0, 1_000_000) == step_key(1, 0)`` held while the reader accepted micro-steps
     up to 1,048,575: now the key's widths are the reader's ranges (``key_ranges``)."""
-    from fsdptrace.checks.incomplete import in_micro_steps
-    from fsdptrace.checks.keys import place_key, rank_step_key, step_key
-    from fsdptrace.validate import MAX_MICRO_STEP, MAX_RANK, MAX_STEP
+    from fsdptrace.reading.incomplete import in_micro_steps
+    from fsdptrace.reading.keys import place_key, rank_step_key, step_key
+    from fsdptrace.reading.validate import MAX_MICRO_STEP, MAX_RANK, MAX_STEP
 
     assert step_key(0, 1_000_000) != step_key(1, 0)
     assert step_key(0, MAX_MICRO_STEP) < step_key(1, 0)

@@ -20,7 +20,8 @@ from click.testing import CliRunner
 from fsdptrace_cli.main import cli
 
 import fsdptrace
-from fsdptrace import endings, schema
+from fsdptrace.reading import endings
+from fsdptrace.store import schema
 from tests.jobs import assert_ok, kill_all, run_ranks, start_ranks
 from tests.jobs_scripts.tables import read_folded
 

@@ -14,12 +14,9 @@ import pytest
 import fsdptrace
 
 PACKAGE = Path(fsdptrace.__file__).parent
-# Everything on the read side: loading, checks, rendering, the CLI.
-READ_SIDE = [PACKAGE / "reader.py", PACKAGE / "trace.py", PACKAGE / "analysis.py",
-             PACKAGE / "summary.py", *sorted((PACKAGE / "checks").glob("*.py")),
-             *sorted((PACKAGE / "render").glob("*.py")),
-             *sorted((PACKAGE / "watch").glob("*.py")), PACKAGE / "watch_records.py",
-             PACKAGE / "stack_dumps.py", PACKAGE / "flight_recorder.py",
+# Everything on the read side: the stages from the run dir's format to the CLI.
+READ_SIDE = [*(path for stage in ("store", "reading", "checks", "analysis", "views", "render",
+                                  "watch") for path in sorted((PACKAGE / stage).rglob("*.py"))),
              *sorted((PACKAGE.parent / "cli" / "fsdptrace_cli").rglob("*.py"))]
 # eval/exec as calls only: `--on-hang 'exec ./notify.sh'` in the watch command's help is text.
 FORBIDDEN = re.compile(r"\b(pickle|cloudpickle|dill|marshal|torch\.load|read_pickle|yaml\.load|"

@@ -18,13 +18,13 @@ from click.testing import CliRunner
 from fsdptrace_cli.main import cli
 
 import fsdptrace
-from fsdptrace import schema
+from fsdptrace.reading.trace import Trace
 from fsdptrace.record.launch import record_env
 from fsdptrace.render import html_report, order_compare
 from fsdptrace.render.text import verdict
 from fsdptrace.render.unit_spans import unit_spans
 from fsdptrace.render.wall_clock import shifts
-from fsdptrace.trace import Trace
+from fsdptrace.store import schema
 from tests.conftest import NORMAL_SCENARIOS
 from tests.jobs import REPO, assert_ok, run_ranks
 

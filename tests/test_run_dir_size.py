@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fsdptrace import schema
-from fsdptrace.reader import read_rank
+from fsdptrace.reading.reader import read_rank
+from fsdptrace.store import schema
 from tests.recordings import Recordings
 
 pytestmark = pytest.mark.slow

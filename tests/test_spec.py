@@ -16,8 +16,9 @@ from functools import cache
 import pandas as pd
 import pytest
 
-from fsdptrace import analyze, schema
-from fsdptrace.trace import Trace
+from fsdptrace import analyze
+from fsdptrace.reading.trace import Trace
+from fsdptrace.store import schema
 from tests import spec_checks as spec
 from tests.trace_builder import ROOT, TraceBuilder
 

@@ -27,11 +27,12 @@ from click.testing import CliRunner
 from fsdptrace_cli.main import cli
 
 import fsdptrace
-from fsdptrace import flight_recorder, stack_dumps
 from fsdptrace.errors import FsdptraceError
-from fsdptrace.record.flight_recorder import FR_PATTERN
+from fsdptrace.reading import flight_recorder
 from fsdptrace.record.stack_dump import configured_signal
 from fsdptrace.render.stack_view import stack_blocks
+from fsdptrace.store import stack_dumps
+from fsdptrace.store.fatal_signals import FR_PATTERN
 from fsdptrace.watch.stacks import SETTLE_S, capture_stacks, read_stacks
 from tests.jobs import REPO, kill_all, run_scenarios, start_ranks
 from tests.jobs_scripts.tables import read_folded
@@ -208,7 +209,7 @@ def test_bad_stack_signal_setting_says_how(setting: str) -> None:
 
 _PLAIN_PROCESS = """
 import faulthandler, os, signal, socket, sys, threading, time
-from fsdptrace import stack_dumps
+from fsdptrace.store import stack_dumps
 from fsdptrace.record.stack_dump import configured_signal, process_start
 signum = configured_signal()
 fd = os.open(os.path.join(sys.argv[1], stack_dumps.LIVE_FILE.format(pid=os.getpid())),

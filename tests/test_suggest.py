@@ -1,4 +1,4 @@
-"""``fsdptrace.suggest`` on real recordings: the wiring that matches the order, and the diff."""
+"""``views.suggest`` on real recordings: the wiring that matches the order, and the diff."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import fsdptrace
-from fsdptrace.suggest import (
+from fsdptrace.views.suggest import (
     Suggestion,
     module_expression,
     prefetch_calls,

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 import fsdptrace
-from fsdptrace import endings
+from fsdptrace.reading import endings
 from tests.jobs_scripts.trainer_launch import (
     BIN,
     SCRIPTS,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import fsdptrace
-from fsdptrace import endings
+from fsdptrace.reading import endings
 from tests.jobs import assert_ok, run_ranks
 
 pytestmark = pytest.mark.slow

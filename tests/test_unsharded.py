@@ -54,7 +54,7 @@ def test_keeping_forward_parameters_shows_the_excess_and_its_cause(runs: Path) -
 
 
 def test_summary_names_each_ranks_peak_and_floor(runs: Path) -> None:
-    from fsdptrace.summary import per_rank
+    from fsdptrace.views.summary import per_rank
 
     table = per_rank(fsdptrace.load(runs / "keep"))
     assert list(table["peak_unsharded_bytes"]) == [4 * UNIT_BYTES] * 2
@@ -107,6 +107,6 @@ def test_a_run_recorded_before_reshards_has_no_ledger(runs: Path) -> None:
     """Without ``reshard`` rows a hold would never end: no ledger rather than a wrong one."""
     trace = fsdptrace.load(runs / "keep")
     older = trace.allgathers[trace.allgathers["event"] != "reshard"]
-    from fsdptrace import unsharded
+    from fsdptrace.reading import unsharded
 
     assert not len(unsharded.timeline(older)) and not len(unsharded.peaks(older))

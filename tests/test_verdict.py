@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdptrace import analyze, schema
-from fsdptrace.checks.majority import against_majority, ranks_text
-from fsdptrace.trace import Trace
+from fsdptrace import analyze
+from fsdptrace.checks.kernel.majority import against_majority, ranks_text
+from fsdptrace.reading.trace import Trace
+from fsdptrace.store import schema
 from tests.trace_builder import ROOT, TraceBuilder
 
 UNITS = [ROOT, "a", "b", "c", "head"]

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from fsdptrace_cli.main import cli
 
-from fsdptrace import watch_records
 from fsdptrace.errors import UsageError
+from fsdptrace.store import watch_records
 from fsdptrace.watch import actions, rule
 from fsdptrace.watch.claim import claim
 from fsdptrace.watch.loop import WatchSettings, watch

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 import fsdptrace
-from fsdptrace import watch_records
-from fsdptrace.checks import stops
+from fsdptrace.checks.kernel import stops
+from fsdptrace.checks.kernel.tables import RankTables
 from fsdptrace.checks.stalled_rank import NAME as STALLED
-from fsdptrace.checks.tables import RankTables
+from fsdptrace.store import watch_records
 from tests.jobs import REPO, kill_all, start_ranks
 
 pytestmark = [pytest.mark.slow]

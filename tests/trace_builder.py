@@ -1,7 +1,7 @@
 """Build in-memory ``fsdptrace.Trace`` objects row by row, without a job or a disk.
 
 The frames come out exactly as ``fsdptrace.load`` produces them: the declared Arrow schema of
-``fsdptrace.schema`` (dictionary columns become categoricals) plus an int32 ``rank`` column.
+``fsdptrace.store.schema`` (dictionary columns become categoricals) plus an int32 ``rank`` column.
 ``clean_run`` lays down what a healthy FSDP2 job records; tests then plant one problem at a
 time by editing the builder before ``build()``.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from fsdptrace import schema
-from fsdptrace.trace import TABLE_NAMES, Trace
+from fsdptrace.reading.trace import TABLE_NAMES, Trace
+from fsdptrace.store import schema
 
 ROOT = "<root>"
 

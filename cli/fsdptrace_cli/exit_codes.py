@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fsdptrace.result import Analysis
+    from fsdptrace.analysis.result import Analysis
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1

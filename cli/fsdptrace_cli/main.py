@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from fsdptrace.errors import FsdptraceError, FsdptraceWarning
-from fsdptrace.render.untrusted import printable
+from fsdptrace.reading.untrusted import printable
 from fsdptrace.version import __version__
 from fsdptrace_cli.exit_codes import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE
 
@@ -54,7 +54,8 @@ class FsdptraceGroup(click.Group):
     fsdptrace's warnings into one line."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        gaps = sys.modules.get("fsdptrace.chunk_gaps")  # not imported yet: nothing to forget
+        # Not imported yet: nothing to forget.
+        gaps = sys.modules.get("fsdptrace.reading.chunk_gaps")
         if gaps is not None:
             gaps.reset()  # a new command says its skipped chunks again
         try:

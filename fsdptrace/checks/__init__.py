@@ -27,13 +27,13 @@ from fsdptrace.checks import (
     wasted_prefetch,
 )
 from fsdptrace.checks.contract import ACROSS_RANKS, PER_RANK, Check
-from fsdptrace.checks.tables import RankTables
+from fsdptrace.checks.kernel.tables import RankTables
 from fsdptrace.errors import UsageError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from fsdptrace.trace import Trace
+    from fsdptrace.reading.trace import Trace
 
 REGISTRY: tuple[Check, ...] = (
     prefetch_order.CHECK,

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace.checks import findings, incomplete
+from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
-from fsdptrace.checks.units import began_forward_in_step, is_root, received_gradient
+from fsdptrace.checks.kernel.units import began_forward_in_step, is_root, received_gradient
+from fsdptrace.reading import incomplete
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 NAME = "bypassed-unit"
 SEVERITY = findings.ERROR

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 PER_RANK = "per-rank"
 ACROSS_RANKS = "across-ranks"

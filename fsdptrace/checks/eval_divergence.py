@@ -13,15 +13,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace.checks import findings, incomplete, keys
-from fsdptrace.checks.columns import distinct_ranks
+from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.majority import against_majority, compared_with
-from fsdptrace.checks.order import first_difference_of
-from fsdptrace.checks.stops import cut_off_intervals
+from fsdptrace.checks.kernel.columns import distinct_ranks
+from fsdptrace.checks.kernel.majority import against_majority, compared_with
+from fsdptrace.checks.kernel.order import first_difference_of
+from fsdptrace.checks.kernel.stops import cut_off_intervals
+from fsdptrace.reading import incomplete, keys
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 NAME = "eval-divergence"
 SEVERITY = findings.ERROR

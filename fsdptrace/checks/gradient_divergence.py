@@ -13,15 +13,16 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from fsdptrace import schema
-from fsdptrace.checks import findings, incomplete
+from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.majority import against_majority, compared_with
-from fsdptrace.checks.settings import value_at
-from fsdptrace.checks.stops import cut_off_passes
+from fsdptrace.checks.kernel.majority import against_majority, compared_with
+from fsdptrace.checks.kernel.settings import value_at
+from fsdptrace.checks.kernel.stops import cut_off_passes
+from fsdptrace.reading import incomplete
+from fsdptrace.store import schema
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 NAME = "gradient-divergence"
 SEVERITY = findings.ERROR

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace import schema
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
+from fsdptrace.store import schema
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 NAME = "order-instability"
 SEVERITY = findings.WARNING
@@ -24,7 +24,7 @@ SEVERITY = findings.WARNING
 def check(tables: RankTables) -> pd.DataFrame:
     """Each rank's forward orders against its first recorded micro-step: order signatures
     decide, and only the orders that changed are compared call by call."""
-    from fsdptrace.checks.positions import first_differences
+    from fsdptrace.checks.kernel.positions import first_differences
 
     pos = tables.complete
     sigs = tables.signatures

@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from fsdptrace.checks import findings, keys
+from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
-from fsdptrace.checks.settings import value_at
+from fsdptrace.checks.kernel.settings import value_at
+from fsdptrace.reading import keys
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 NAME = "pending-all-gather"
 SEVERITY = findings.ERROR
@@ -105,7 +106,7 @@ def _issued_by(rows: pd.DataFrame, allgathers: pd.DataFrame | None) -> pd.DataFr
     none = pd.DataFrame({c: pd.Series("", index=rows.index, dtype=object) for c in columns})
     if allgathers is None or not len(allgathers):
         return none
-    from fsdptrace.allgather_summary import issuer_text, plain
+    from fsdptrace.reading.allgathers import issuer_text, plain
 
     issues = plain(allgathers)
     issues = issues[issues["event"] == "issue"].sort_values(["step", "seq"])

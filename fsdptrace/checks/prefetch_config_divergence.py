@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace.checks import findings, keys
-from fsdptrace.checks.columns import first_mask, fold
+from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.keys import step_key
-from fsdptrace.checks.majority import against_majority, compared_with
+from fsdptrace.checks.kernel.columns import first_mask, fold
+from fsdptrace.checks.kernel.majority import against_majority, compared_with
+from fsdptrace.reading import keys
+from fsdptrace.reading.keys import step_key
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 NAME = "prefetch-config-divergence"
 SEVERITY = findings.ERROR

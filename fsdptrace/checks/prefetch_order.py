@@ -14,11 +14,11 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
-from fsdptrace.checks.edges import edges_in_effect
-from fsdptrace.checks.order import GROUP
+from fsdptrace.checks.kernel.edges import edges_in_effect
+from fsdptrace.checks.kernel.order import GROUP
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 NAME = "prefetch-order"
 SEVERITY = findings.ERROR

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdptrace.checks import findings, keys
+from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.majority import against_majority, compared_with
-from fsdptrace.checks.order import GROUP, first_difference
+from fsdptrace.checks.kernel.majority import against_majority, compared_with
+from fsdptrace.checks.kernel.order import GROUP, first_difference
+from fsdptrace.reading import keys
 
 NAME = "rank-divergence"
 SEVERITY = findings.ERROR

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from fsdptrace.allgather_summary import issuer_text, plain, with_occurrence
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
-from fsdptrace.checks.settings import value_at
+from fsdptrace.checks.kernel.settings import value_at
+from fsdptrace.reading.allgathers import issuer_text, plain, with_occurrence
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 NAME = "redundant-prefetch"
 SEVERITY = findings.WARNING

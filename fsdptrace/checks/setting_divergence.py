@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace import schema
-from fsdptrace.checks import findings, incomplete
-from fsdptrace.checks.columns import fold
+from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.keys import step_key
-from fsdptrace.checks.majority import against_majority, compared_with
-from fsdptrace.checks.stops import cut_off_passes
+from fsdptrace.checks.kernel.columns import fold
+from fsdptrace.checks.kernel.majority import against_majority, compared_with
+from fsdptrace.checks.kernel.stops import cut_off_passes
+from fsdptrace.reading import incomplete
+from fsdptrace.reading.keys import step_key
+from fsdptrace.store import schema
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 NAME = "setting-divergence"
 SEVERITY = findings.ERROR

@@ -16,15 +16,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fsdptrace import endings
-from fsdptrace.checks import findings, stops
-from fsdptrace.checks.collective_counts import collective_count_differences
+from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.majority import NO_MAJORITY, against_majority, compared_with
-from fsdptrace.checks.order import END, GROUP, first_difference_of
+from fsdptrace.checks.kernel import stops
+from fsdptrace.checks.kernel.collective_counts import collective_count_differences
+from fsdptrace.checks.kernel.majority import NO_MAJORITY, against_majority, compared_with
+from fsdptrace.checks.kernel.order import END, GROUP, first_difference_of
+from fsdptrace.reading import endings
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 NAME = "stalled-rank"
 SEVERITY = findings.ERROR
@@ -95,7 +96,7 @@ def _collective_sequences(tables: RankTables) -> pd.DataFrame:
 
 
 def check(merged: Merged) -> pd.DataFrame:
-    """Every rank's ending (``fsdptrace.endings``), where it stopped, and the verdict."""
+    """Every rank's ending (``fsdptrace.reading.endings``), where it stopped, and the verdict."""
     world_size = int(merged.meta["world_size"].max()) if len(merged.meta) else len(merged.ranks)
     ends = endings.rank_endings(merged.ends, merged.ranks)[["rank", "ending", "detail"]]
     status = ends.merge(merged.last, on="rank", how="left")

@@ -1,7 +1,7 @@
 """Check 13, unsharded-excess (warning): a pass held more gathered parameters than it needs.
 
 Beyond the contract's twelve checks (``docs/checks.md``): it answers "which unit is holding my
-memory?" from the unsharded-memory ledger (``fsdptrace.unsharded``). Per rank and optimizer
+memory?" from the unsharded-memory ledger (``fsdptrace.reading.unsharded``). Per rank and optimizer
 step, the pass whose peak of unsharded parameter bytes most exceeds its floor (the unit that
 needs most plus what it prefetched there; a root that FSDP2 keeps unsharded from forward into
 backward is part of it) is reported when the excess is at least ``MIN_EXCESS_BYTES`` and
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdptrace import unsharded
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
-from fsdptrace.checks.tables import RankTables
-from fsdptrace.sizes import human_bytes
+from fsdptrace.checks.kernel.tables import RankTables
+from fsdptrace.reading import unsharded
+from fsdptrace.reading.sizes import human_bytes
 
 NAME = "unsharded-excess"
 SEVERITY = findings.WARNING

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from fsdptrace.allgather_summary import call_label, paired, plain, repeated_call, with_occurrence
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
+from fsdptrace.reading.allgathers import call_label, paired, plain, repeated_call, with_occurrence
 
 if TYPE_CHECKING:
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
 
 NAME = "wasted-prefetch"
 SEVERITY = findings.WARNING

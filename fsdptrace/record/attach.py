@@ -11,11 +11,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from fsdptrace.env import DEFAULT_RUNS_ROOT, OVERRIDES_ENV, RAISE_ENV, RUN_DIR_ENV, STEPS_ENV
 from fsdptrace.errors import FsdptraceError
 from fsdptrace.record.backends.base import Backend
 from fsdptrace.record.recorder import Recorder
 from fsdptrace.record.writer import DEFAULT_CLOSE_TIMEOUT_S, DEFAULT_FLUSH_INTERVAL_S
+from fsdptrace.store.env import DEFAULT_RUNS_ROOT, OVERRIDES_ENV, RAISE_ENV, RUN_DIR_ENV, STEPS_ENV
 
 # The `fsdptrace record` option that settles each attach() argument named in OVERRIDES_ENV.
 _OPTION_OF = {"run_dir": "--run-dir", "steps": "--steps", "raise_on_violation": "--raise"}

@@ -28,9 +28,9 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from fsdptrace.env import RUN_DIR_ENV
 from fsdptrace.errors import LifecycleError
 from fsdptrace.record.backends.fsdp2 import roots
+from fsdptrace.store.env import RUN_DIR_ENV
 
 if TYPE_CHECKING:
     import torch.nn as nn

@@ -6,7 +6,7 @@ fatal-<pid>.txt`` and enables ``faulthandler`` on it with ``all_threads=True``. 
 handler, faulthandler writes each thread's Python stack to that file, restores the handler it
 replaced and re-raises the signal: the process dies by the same signal, with the same exit
 status, as without fsdptrace. The reader turns the file into the rank's ending
-(``fsdptrace.fatal_signals``). Nothing runs on the training thread after start.
+(``fsdptrace.store.fatal_signals``). Nothing runs on the training thread after start.
 
 Python has one faulthandler file per process. One enabled before us (``python -X
 faulthandler``, ``PYTHONFAULTHANDLER``, torchelastic's ``@record``, all writing to stderr) is
@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import IO, TYPE_CHECKING
 
-from fsdptrace import fatal_signals
+from fsdptrace.store import fatal_signals
 
 if TYPE_CHECKING:
     from fsdptrace.record.backends.base import RecorderView as Recorder  # recorder.py imports us

@@ -6,7 +6,7 @@ collectives of every process group with their sequence numbers and states. At an
 is not clean (crashed, terminated, closed mid-step) the recorder writes
 ``torch._C._distributed_c10d._dump_fr_trace_json()`` to ``RUN_DIR/dumps/rank=<r>/
 flight_recorder-<pid>.json``, and the analyzer joins it to ``collectives`` by (process group,
-sequence number) (``fsdptrace.flight_recorder``). It works on gloo in torch 2.13 (checked by
+sequence number) (``fsdptrace.reading.flight_recorder``). It works on gloo in torch 2.13 (checked by
 experiment). A fatal signal gets no dump: the dump takes the Flight Recorder's lock and
 allocates, which is not safe from a signal handler in a process that may hold them.
 """
@@ -17,10 +17,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from fsdptrace import fatal_signals
+from fsdptrace.store import fatal_signals
 
-FR_FILE = "flight_recorder-{pid}.json"
-FR_PATTERN = "flight_recorder-*.json"
 BUFFER_SIZE_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 
@@ -48,7 +46,7 @@ def save(run_dir: Path, rank: int) -> Path | None:
         text = _dump_fr_trace_json(includeCollectives=True, onlyActive=False)
         folder = fatal_signals.dump_dir(run_dir, rank)
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / FR_FILE.format(pid=os.getpid())
+        path = folder / fatal_signals.FR_FILE.format(pid=os.getpid())
         temp = path.with_suffix(".tmp")
         # torch 2.13 returns bytes; older releases a str.
         temp.write_bytes(text if isinstance(text, bytes) else text.encode())

@@ -23,9 +23,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fsdptrace import journal_hot
-from fsdptrace.journal_format import SEGMENT_NAME
-from fsdptrace.run_mark import read_launch
+from fsdptrace.store import journal_hot
+from fsdptrace.store.journal_format import SEGMENT_NAME
+from fsdptrace.store.run_mark import read_launch
 
 log = logging.getLogger("fsdptrace")
 

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from fsdptrace.journal_format import (
+from fsdptrace.store.journal_format import (
     FRAME,
     HEADER,
     KIND_FIXED,
@@ -241,7 +241,7 @@ def open_table(directory: Path, table: str, writer: str, vocab: dict[str, Sequen
                fallback: Callable[[OSError], Path | None] | None = None,
                reserve: int = 0) -> Table:
     """One table's journal; ``reserve``: bytes kept for a last row (``FramedTable``)."""
-    from fsdptrace.journal_format import FIXED_TABLES
+    from fsdptrace.store.journal_format import FIXED_TABLES
 
     if table in FIXED_TABLES:
         fmt = fixed_format(table)

@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fsdptrace.env import LAUNCH_ENV, OVERRIDES_ENV, RAISE_ENV, RUN_DIR_ENV, STEPS_ENV
 from fsdptrace.errors import FsdptraceError
-from fsdptrace.record.steps import parse_steps
-from fsdptrace.run_mark import new_launch_id
+from fsdptrace.store.env import LAUNCH_ENV, OVERRIDES_ENV, RAISE_ENV, RUN_DIR_ENV, STEPS_ENV
+from fsdptrace.store.run_mark import new_launch_id
+from fsdptrace.store.steps import parse_steps
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 

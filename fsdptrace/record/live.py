@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fsdptrace import schema
 from fsdptrace.errors import LifecycleError
 from fsdptrace.record import snapshots
+from fsdptrace.store import schema
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from fsdptrace.checks.tables import RankTables
+    from fsdptrace.checks.kernel.tables import RankTables
+    from fsdptrace.reading.trace import Trace
     from fsdptrace.record.backends.base import RecorderView as Recorder  # recorder.py imports us
-    from fsdptrace.trace import Trace
 
 _FIX = (
     "How to fix: configure FSDP prefetch from the model's actual forward/backward execution "
@@ -66,8 +66,8 @@ def step_tables(rec: Recorder) -> RankTables:
     """
     import numpy as np
 
-    from fsdptrace.checks.columns import Columns, Vocab
-    from fsdptrace.checks.tables import CODED, RankTables
+    from fsdptrace.checks.kernel.columns import Columns, Vocab
+    from fsdptrace.checks.kernel.tables import CODED, RankTables
 
     vocab, rank = Vocab(), rec.rank
     events = np.array(rec.live_events or [], dtype=np.int64).reshape(-1, 6)
@@ -107,7 +107,7 @@ def step_trace(rec: Recorder) -> Trace:
     """This rank's current step as a one-rank ``Trace`` (the tables the run dir would hold)."""
     import pandas as pd
 
-    from fsdptrace.trace import Trace
+    from fsdptrace.reading.trace import Trace
 
     rank = rec.rank
     names = rec.unit_names

@@ -42,15 +42,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdptrace import journal_hot, journal_read, schema
-from fsdptrace.journal_format import (
+from fsdptrace.record import fatal, stack_dump
+from fsdptrace.store import journal_hot, journal_read, schema
+from fsdptrace.store.journal_format import (
     JOURNAL_DIR,
     RANGE_PART_FILE,
     RANGE_PART_NAME,
     SEGMENT_FILE,
     SEGMENT_NAME,
 )
-from fsdptrace.record import fatal, stack_dump
 
 _PAGE = 4096
 

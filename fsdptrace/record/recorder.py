@@ -23,18 +23,18 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from fsdptrace import schema
 from fsdptrace.errors import LifecycleError
 from fsdptrace.record import flight_recorder, guards, hooks, optimizer_boundary, snapshots
 from fsdptrace.record.backends.base import Backend, Unit
 from fsdptrace.record.journal import FixedTable
-from fsdptrace.record.steps import parse_steps
 from fsdptrace.record.writer import (
     DEFAULT_CLOSE_TIMEOUT_S,
     DEFAULT_FLUSH_INTERVAL_S,
     ChunkWriter,
     WriterProcessError,
 )
+from fsdptrace.store import schema
+from fsdptrace.store.steps import parse_steps
 from fsdptrace.version import __version__
 
 log = logging.getLogger("fsdptrace")

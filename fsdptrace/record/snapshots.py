@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from fsdptrace import schema
+from fsdptrace.store import schema
 
 if TYPE_CHECKING:
     from fsdptrace.record.backends.base import RecorderView as Recorder  # recorder.py imports us

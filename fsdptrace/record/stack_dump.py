@@ -5,7 +5,7 @@ Python code runs until it returns, which it never does. A C-level signal handler
 at attach the recorder registers ``faulthandler`` (``all_threads=True``) on a signal of its
 own, writing to ``RUN_DIR/dumps/rank=<r>/signal-stacks-<pid>.txt``, opened now because a
 signal handler can only write to a descriptor that is already open (names and format:
-``fsdptrace.stack_dumps``). The watcher sends the signal; faulthandler writes the stacks at
+``fsdptrace.store.stack_dumps``). The watcher sends the signal; faulthandler writes the stacks at
 once, from whichever thread the kernel picks, without Python's lock.
 
 Then the Flight Recorder: its dump takes torch's locks and allocates, which a signal handler
@@ -40,9 +40,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsdptrace import fatal_signals, stack_dumps
 from fsdptrace.errors import FsdptraceError
 from fsdptrace.record import flight_recorder
+from fsdptrace.store import fatal_signals, stack_dumps
 
 if TYPE_CHECKING:
     from fsdptrace.record.backends.base import RecorderView as Recorder

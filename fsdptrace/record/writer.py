@@ -31,8 +31,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from fsdptrace import journal_hot, run_mark, schema
-from fsdptrace.journal_format import JOURNAL_DIR
 from fsdptrace.record.journal import (
     FIRST_SEGMENT_BYTES,
     MAX_SEGMENT_BYTES,
@@ -41,6 +39,8 @@ from fsdptrace.record.journal import (
     open_table,
 )
 from fsdptrace.record.writer_status import WriterStatus, how_it_ended, is_stopped, read_status
+from fsdptrace.store import journal_hot, run_mark, schema
+from fsdptrace.store.journal_format import JOURNAL_DIR
 
 log = logging.getLogger("fsdptrace")
 

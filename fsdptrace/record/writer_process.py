@@ -13,9 +13,9 @@ import signal
 import sys
 from pathlib import Path
 
-from fsdptrace import journal_hot
 from fsdptrace.record import hot_sweep
 from fsdptrace.record.part_writer import PartWriter, _attempt, _say, serve  # one process
+from fsdptrace.store import journal_hot
 
 
 def _sweep_stale() -> None:

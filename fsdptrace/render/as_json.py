@@ -18,9 +18,9 @@ from fsdptrace.checks.findings import COLUMNS, ERROR, WARNING
 from fsdptrace.version import __version__
 
 if TYPE_CHECKING:
-    from fsdptrace.causes import Cause
-    from fsdptrace.result import Analysis
-    from fsdptrace.suggest import Suggestion
+    from fsdptrace.analysis.result import Analysis
+    from fsdptrace.views.causes import Cause
+    from fsdptrace.views.suggest import Suggestion
 
 JSON_SCHEMA_VERSION = 1
 SCHEMA_FILE = "{kind}.schema.json"
@@ -64,16 +64,17 @@ def document(analysis: Analysis) -> dict[str, Any]:
     """``fsdptrace analyze --format json``: verdict, counts, every finding with its figures
     and the group of its cause (``causes``), how each rank ended and which micro-steps were
     not checked."""
-    from fsdptrace.causes import group
-    from fsdptrace.checks.incomplete import COLUMNS as INCOMPLETE_COLUMNS
-    from fsdptrace.endings import COLUMNS as ENDING_COLUMNS
+    from fsdptrace.analysis.result import SUMMARY_MAX_RANKS
+    from fsdptrace.reading.endings import COLUMNS as ENDING_COLUMNS
+    from fsdptrace.reading.incomplete import COLUMNS as INCOMPLETE_COLUMNS
     from fsdptrace.render.text import run_dir_label
-    from fsdptrace.result import SUMMARY_MAX_RANKS
+    from fsdptrace.views.causes import group
+    from fsdptrace.views.summary import overview
 
     findings, checks = analysis.findings, list(analysis.checks)
     groups, causes = group(findings)
     # The run in numbers reads every table again: for small runs only.
-    summary = dict(analysis.summary) if len(analysis.ranks) <= SUMMARY_MAX_RANKS else {}
+    summary = overview(analysis.trace) if len(analysis.ranks) <= SUMMARY_MAX_RANKS else {}
     summary["num_findings"] = len(findings)
     return {**_header("analysis"), "run_dir": run_dir_label(analysis),
             "ranks": list(analysis.ranks), "world_size": analysis.world_size,
@@ -95,13 +96,13 @@ def _cause(cause: Cause) -> dict[str, Any]:
 
 def summary_document(analysis: Analysis) -> dict[str, Any]:
     """``fsdptrace summary --format json``: the run in numbers, then one object per rank."""
-    from fsdptrace.allgather_summary import overview_line
+    from fsdptrace.reading.allgathers import overview_line
     from fsdptrace.render.text import run_dir_label
-    from fsdptrace.summary import per_rank
+    from fsdptrace.views.summary import overview, per_rank
 
     trace = analysis.trace
     table = per_rank(trace)
-    return {**_header("summary"), "run_dir": run_dir_label(analysis), **analysis.summary,
+    return {**_header("summary"), "run_dir": run_dir_label(analysis), **overview(trace),
             "all_gathers": overview_line(trace.allgathers),
             "per_rank": records(table, list(table.columns))}
 
@@ -109,7 +110,7 @@ def summary_document(analysis: Analysis) -> dict[str, Any]:
 def suggest_document(suggestion: Suggestion, *, run_dir: str, model: str = "model"
                      ) -> dict[str, Any]:
     """``fsdptrace suggest --format json``: observed orders, the calls, the edge diff."""
-    from fsdptrace.suggest import prefetch_calls
+    from fsdptrace.views.suggest import prefetch_calls
 
     diff = suggestion.diff
     return {**_header("suggest"), "run_dir": run_dir,
@@ -132,7 +133,7 @@ def render_summary(analysis: Analysis, out: TextIO) -> None:
 def render_suggest(analysis: Analysis, out: TextIO, *, model: str = "model") -> None:
     """``--format json`` of ``suggest``."""
     from fsdptrace.render.text import run_dir_label
-    from fsdptrace.suggest import suggest
+    from fsdptrace.views.suggest import suggest
 
     dump(suggest_document(suggest(analysis.trace), run_dir=run_dir_label(analysis),
                           model=model), out)

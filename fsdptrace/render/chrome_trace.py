@@ -19,12 +19,13 @@ from typing import Any, TextIO
 
 import pandas as pd
 
-from fsdptrace import schema, unsharded
+from fsdptrace.reading import unsharded
+from fsdptrace.reading.trace import Trace
 from fsdptrace.render import wall_clock
 from fsdptrace.render.chrome_findings import finding_instants
 from fsdptrace.render.gathers import gathers, lanes
 from fsdptrace.render.unit_spans import NO_END, unit_spans
-from fsdptrace.trace import Trace
+from fsdptrace.store import schema
 
 TRACKS = {"boundaries": 0, schema.FORWARD: 1, schema.BACKWARD: 2}
 GATHER_TRACK = 3  # first all-gather track; one more per gather in flight at the same time

@@ -6,8 +6,9 @@ import json
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from fsdptrace.render.untrusted import printable
-from fsdptrace.run_diff import (
+from fsdptrace.reading.untrusted import printable
+from fsdptrace.version import __version__
+from fsdptrace.views.run_diff import (
     SECTIONS,
     BytesChange,
     EdgeChange,
@@ -17,7 +18,6 @@ from fsdptrace.run_diff import (
     SettingChange,
     UnitChange,
 )
-from fsdptrace.version import __version__
 
 # Bump when a key of the JSON document changes meaning or goes away.
 SCHEMA_VERSION = 1

@@ -18,23 +18,6 @@ WHERE = ["rank", "step", "micro_step"]
 KEY = ["check", "severity", "phase", "unit", "target", "message"]
 
 
-def rank_ranges(values: list[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``."""
-    values = sorted(set(values))
-    parts: list[str] = []
-    start = prev = None
-    for v in values:
-        if start is not None and prev is not None and v == prev + 1:
-            prev = v
-            continue
-        if start is not None:
-            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-        start = prev = v
-    if start is not None:
-        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-    return ",".join(parts)
-
-
 def _ints(values: pd.Series) -> list[int]:
     return sorted({int(x) for x in values.dropna()})
 

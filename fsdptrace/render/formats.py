@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from fsdptrace.analysis.result import Analysis
 from fsdptrace.render import as_json, markdown, summary_text, text
 from fsdptrace.render.output import STDOUT, write_text
-from fsdptrace.result import Analysis
 
 Renderer = Callable[[Analysis, TextIO], None]
 
@@ -44,8 +44,8 @@ def chrome_trace(analysis: Analysis, out: TextIO) -> None:
 
 def suggestion_text(analysis: Analysis, out: TextIO, *, model: str = "model") -> None:
     """The prefetch calls matching the observed order, and the diff against the configured."""
-    from fsdptrace.suggest import suggest, write_suggestion
-    from fsdptrace.unit_names import module_types
+    from fsdptrace.reading.unit_names import module_types
+    from fsdptrace.views.suggest import suggest, write_suggestion
 
     trace = analysis.trace
     write_suggestion(suggest(trace), out, model=model, types=module_types(trace.units))

@@ -18,20 +18,20 @@ from typing import Any, TextIO
 import jinja2
 import pandas as pd
 
-from fsdptrace import schema, unsharded
-from fsdptrace.checks import incomplete
 from fsdptrace.checks import stalled_rank as stalled_rank_check
+from fsdptrace.reading import incomplete, unsharded
+from fsdptrace.reading.trace import Trace
+from fsdptrace.reading.unit_names import Label, labeller, module_types
+from fsdptrace.reading.untrusted import printable
 from fsdptrace.render import timeline_lanes, told, wall_clock
-from fsdptrace.render.folding import rank_ranges
 from fsdptrace.render.memory_view import memory_view
 from fsdptrace.render.order_compare import comparisons
 from fsdptrace.render.silences import lane_silence, silences
 from fsdptrace.render.stack_view import stack_blocks
 from fsdptrace.render.text import verdict
 from fsdptrace.render.unit_spans import unit_spans
-from fsdptrace.render.untrusted import printable
-from fsdptrace.trace import Trace
-from fsdptrace.unit_names import Label, labeller, module_types
+from fsdptrace.store import schema
+from fsdptrace.views.rank_ranges import rank_ranges
 
 MAX_STEPS = 8
 MAX_RANK_LANES = 32

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TextIO
 
+from fsdptrace.reading.unit_names import labeller
+from fsdptrace.reading.untrusted import printable
 from fsdptrace.render import told
 from fsdptrace.render.text import dropped_lines, run_dir_label, unit_labels, verdict
-from fsdptrace.render.untrusted import printable
-from fsdptrace.unit_names import labeller
 
 if TYPE_CHECKING:
-    from fsdptrace.result import Analysis
+    from fsdptrace.analysis.result import Analysis
 
 
 def _cell(text: object) -> str:

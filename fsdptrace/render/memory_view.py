@@ -1,8 +1,8 @@
 """The report's memory view: unsharded parameter bytes over time, per rank, as inline SVG.
 
 Drawn here (no script): a step line per rank from the unsharded-memory ledger
-(``fsdptrace.unsharded``), the ranks with the highest peaks first, each with its peak and the
-floor its worst pass needed. Parameter memory as FSDP holds it, not the allocator's view.
+(``fsdptrace.reading.unsharded``), the ranks with the highest peaks first, each with its peak
+and the floor its worst pass needed. Parameter memory as FSDP holds it, not the allocator's view.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-from fsdptrace import unsharded
-from fsdptrace.sizes import human_bytes
-from fsdptrace.unit_names import labeller
+from fsdptrace.reading import unsharded
+from fsdptrace.reading.sizes import human_bytes
+from fsdptrace.reading.unit_names import labeller
 
 MAX_RANKS = 8
 WIDTH, HEIGHT = 640, 60

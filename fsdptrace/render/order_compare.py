@@ -24,11 +24,11 @@ from typing import Any
 
 import pandas as pd
 
-from fsdptrace import schema
 from fsdptrace.checks import eval_divergence, order_instability, rank_divergence
-from fsdptrace.checks.majority import against_majority
-from fsdptrace.checks.order import first_difference_of
-from fsdptrace.render.folding import rank_ranges
+from fsdptrace.checks.kernel.majority import against_majority
+from fsdptrace.checks.kernel.order import first_difference_of
+from fsdptrace.store import schema
+from fsdptrace.views.rank_ranges import rank_ranges
 
 RANK_DIVERGENCE = rank_divergence.NAME
 ORDER_INSTABILITY = order_instability.NAME

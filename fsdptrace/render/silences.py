@@ -14,9 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from fsdptrace import endings
+from fsdptrace.reading import endings
+from fsdptrace.reading.trace import Trace
 from fsdptrace.render import wall_clock
-from fsdptrace.trace import Trace
 
 # Shorter silences are the ordinary gap between a last event and a clean-looking exit.
 MIN_SILENCE_NS = 1_000_000

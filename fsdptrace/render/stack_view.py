@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdptrace.render.folding import rank_ranges
-from fsdptrace.stack_dumps import StackCapture
+from fsdptrace.store.stack_dumps import StackCapture
+from fsdptrace.views.rank_ranges import rank_ranges
 
 MAX_STACK_LINES = 400
 MAX_BLOCKS = 32

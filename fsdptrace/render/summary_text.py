@@ -6,15 +6,15 @@ from typing import TYPE_CHECKING, TextIO
 
 import pandas as pd
 
-from fsdptrace import unsharded
-from fsdptrace.allgather_summary import overview_line
+from fsdptrace.reading import unsharded
+from fsdptrace.reading.allgathers import overview_line
+from fsdptrace.reading.unit_names import module_types
+from fsdptrace.reading.untrusted import printable
 from fsdptrace.render.text import run_dir_label
-from fsdptrace.render.untrusted import printable
-from fsdptrace.summary import per_rank
-from fsdptrace.unit_names import module_types
+from fsdptrace.views.summary import overview, per_rank
 
 if TYPE_CHECKING:
-    from fsdptrace.result import Analysis
+    from fsdptrace.analysis.result import Analysis
 
 # Past this many ranks, summary prints the highest peaks only (JSON keeps every rank).
 MAX_MEMORY_RANKS = 64
@@ -24,7 +24,7 @@ def render(analysis: Analysis, out: TextIO) -> None:
     """The run in numbers, its dropped rows, then one row per rank (hosts come from the run
     dir, so every cell goes through ``printable``)."""
     trace = analysis.trace
-    numbers = dict(analysis.summary)
+    numbers = overview(analysis.trace)
     out.write(f"run dir: {printable(run_dir_label(analysis))}\n")
     incomplete = numbers.pop("incomplete_steps")
     for key, value in numbers.items():

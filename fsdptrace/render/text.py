@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING, TextIO
 
 import pandas as pd
 
+from fsdptrace.reading.trace import read_frame
+from fsdptrace.reading.unit_names import Label, is_positional, labeller, module_types
+from fsdptrace.reading.untrusted import printable
 from fsdptrace.render import told
-from fsdptrace.render.untrusted import printable
 from fsdptrace.render.watcher_text import watcher_lines
-from fsdptrace.trace import read_frame
-from fsdptrace.unit_names import Label, is_positional, labeller, module_types
 
 if TYPE_CHECKING:
-    from fsdptrace.result import Analysis
+    from fsdptrace.analysis.result import Analysis
 
 MAX_LINES_PER_CHECK = 20
 
@@ -41,7 +41,7 @@ def location(row: pd.Series) -> str:
 
 def dropped_lines(incomplete: pd.DataFrame) -> list[str]:
     """One line per rank whose writer dropped rows: an OK verdict does not cover those steps."""
-    from fsdptrace.summary import incomplete_per_rank
+    from fsdptrace.views.summary import incomplete_per_rank
 
     return [f"rank {row.rank} {row.what} in {row.steps}: those micro-steps were not checked"
             for row in incomplete_per_rank(incomplete).itertuples()]
@@ -105,7 +105,7 @@ def write_blocks(blocks: list[told.Block], out: TextIO) -> None:
 def writer_lines(analysis: Analysis) -> list[str]:
     """A line per kind of writer-process trouble (lost, stalled) the ranks recorded, as
     ``summary`` says it: whether the findings hold. Reads only the small ``markers`` table."""
-    from fsdptrace.summary import writer_trouble
+    from fsdptrace.views.summary import writer_trouble
 
     if analysis.source is not None or analysis.run_dir is None or "trace" in vars(analysis):
         markers = analysis.trace.markers

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from fsdptrace import schema
+from fsdptrace.store import schema
 
 MAX_MEMORY_POINTS = 4000
 

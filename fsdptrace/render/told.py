@@ -1,6 +1,6 @@
 """What the text, Markdown and HTML outputs tell, in order: causes first, then each check.
 
-A cause several checks report (``fsdptrace.causes``) is one block: what it is, its one fix,
+A cause several checks report (``fsdptrace.views.causes``) is one block: what it is, its one fix,
 then each check's findings under it, the first check's in its own words and the others as
 what followed from it, from their figures. Every other finding is told by its check, folded
 as before. The three outputs differ only in markup, so this is computed once here.
@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from fsdptrace.causes import DIVERGENCE, EDGE, STALLED, Cause, group
 from fsdptrace.checks import CHECKS
-from fsdptrace.render.folding import fold, rank_ranges
-from fsdptrace.sizes import human_bytes
-from fsdptrace.unit_names import Label, labeller
+from fsdptrace.reading.sizes import human_bytes
+from fsdptrace.reading.unit_names import Label, labeller
+from fsdptrace.render.folding import fold
+from fsdptrace.views.causes import DIVERGENCE, EDGE, STALLED, Cause, group
+from fsdptrace.views.rank_ranges import rank_ranges
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fsdptrace import schema
+from fsdptrace.store import schema
 
 FORWARD_END = "post-forward reshard"
 BACKWARD_END = "post-backward"

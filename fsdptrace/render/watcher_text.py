@@ -1,7 +1,7 @@
 """What a watcher saw while the run hung, as lines under the post-mortem's verdict.
 
-``fsdptrace watch`` keeps a record of each hang it detected (``fsdptrace.watch_records``) and
-every rank's stack at that moment (``fsdptrace.stack_dumps``). The later ``analyze`` says so
+``fsdptrace watch`` keeps a record of each hang it detected (``fsdptrace.store.watch_records``) and
+every rank's stack at that moment (``fsdptrace.store.stack_dumps``). The later ``analyze`` says so
 first: when the hang was detected, how long the ranks had been silent, what the watcher did,
 and where each rank's training thread stood, so the 3 a.m. reader sees the live evidence
 beside the offline verdict without opening the run dir.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fsdptrace import stack_dumps, watch_records
-from fsdptrace.render.untrusted import printable
+from fsdptrace.reading.untrusted import printable
+from fsdptrace.store import stack_dumps, watch_records
 
 # A rank's training thread named by its innermost frames: enough to tell a job's own sleep
 # from FSDP's all-gather, short enough for one line.

@@ -4,7 +4,7 @@
 run dir's mirror) and never touches a training process; ``rule`` decides, from what the probe
 saw, whether the run is hung or a rank straggles; ``loop`` polls and, on a hang, runs the same
 stalled-rank analysis as ``fsdptrace analyze --check stalled-rank``, keeps the watcher's record
-in the run dir (``fsdptrace.watch_records``), captures the ranks' stacks and acts
+in the run dir (``fsdptrace.store.watch_records``), captures the ranks' stacks and acts
 (``actions``). ``claim`` keeps one watcher acting when every node runs one.
 """
 

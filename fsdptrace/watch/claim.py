@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from fsdptrace.watch_records import WATCH_DIR
+from fsdptrace.store.watch_records import WATCH_DIR
 
 CLAIM_FILE = "acting-watcher.json"
 

@@ -3,7 +3,7 @@ are alive, keep what the watcher saw, capture the stacks and act (``--on-hang``)
 
 The loop only reads files (``probe``) until the rule (``rule.judge``) says hung; then it runs
 the stalled-rank analysis on the same data the post-mortem reads (``verdict``), writes the
-watcher's record into the run dir (``fsdptrace.watch_records``), asks every rank of this host
+watcher's record into the run dir (``fsdptrace.store.watch_records``), asks every rank of this host
 for its stack (``watch.stacks``) and does what ``--on-hang`` says. ``record --watch`` runs the
 same loop on a thread of the launching process.
 """
@@ -18,9 +18,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from fsdptrace import reader, schema, watch_records
 from fsdptrace.errors import FsdptraceError
-from fsdptrace.render.untrusted import printable
+from fsdptrace.reading import reader
+from fsdptrace.reading.untrusted import printable
+from fsdptrace.store import schema, watch_records
 from fsdptrace.watch import actions, rule, stacks
 from fsdptrace.watch.claim import claim
 from fsdptrace.watch.probe import Probe, RankState

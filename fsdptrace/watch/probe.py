@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fsdptrace import journal_hot, schema
-from fsdptrace.journal_format import (
+from fsdptrace.store import journal_hot, schema
+from fsdptrace.store.journal_format import (
     FIXED_TABLES,
     FRAME,
     HEADER,
@@ -31,7 +31,7 @@ from fsdptrace.journal_format import (
     MAX_FRAME_BYTES,
     SEGMENT_NAME,
 )
-from fsdptrace.journal_read import fixed_dtype, loads_flat
+from fsdptrace.store.journal_read import fixed_dtype, loads_flat
 
 # Bytes read at once past a cursor: many slots or records per syscall when a rank ran ahead.
 _READ_CHUNK = 64 * 1024

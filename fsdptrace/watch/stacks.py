@@ -3,7 +3,7 @@
 ``capture_stacks`` signals each recording process of this host (only a process on the same
 host can be signalled) and copies the dump its ``faulthandler`` writes into a capture file of
 the run dir, ``dumps/rank=<r>/stacks-<UTC time>.txt``, one per capture (the recorder's side and
-the file formats: ``record/stack_dump.py``, ``fsdptrace.stack_dumps``). Which processes: the
+the file formats: ``record/stack_dump.py``, ``fsdptrace.store.stack_dumps``). Which processes: the
 live files' headers, written by each rank as it registered the signal, name its rank, pid,
 host, signal and start time; the rank meta holds the host and pid too, but not the signal, and
 reaches the disk later. A process is signalled only while its pid still has the start time
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from fsdptrace import fatal_signals, stack_dumps
 from fsdptrace.record.stack_dump import process_start
-from fsdptrace.stack_dumps import StackCapture
+from fsdptrace.store import fatal_signals, stack_dumps
+from fsdptrace.store.stack_dumps import StackCapture
 
 POLL_S = 0.02
 # A rank whose signal thread cannot run (no wakeup: a handler installed outside Python held

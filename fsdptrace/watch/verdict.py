@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdptrace.analysis import analyze
+from fsdptrace.analysis.run import analyze
 from fsdptrace.checks.stalled_rank import NAME as STALLED_RANK
 from fsdptrace.errors import FsdptraceError
 from fsdptrace.render import as_json, text

@@ -26,7 +26,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 
 import fsdptrace
-from fsdptrace import schema
+from fsdptrace.store import schema
 
 MAX_EVENTS = 1000
 # Events and all-gathers segments of 4-8 KiB (a few dozen rows): the writer process converts

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 import fsdptrace
-from fsdptrace.schema import TABLES
+from fsdptrace.store.schema import TABLES
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))

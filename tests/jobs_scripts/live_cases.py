@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 import fsdptrace
-from fsdptrace import policies
+from fsdptrace.record import policies
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))

@@ -31,7 +31,7 @@ def read_folded(run_dir: Path, table: str, ranks: list[int] | None = None) -> pd
     A rank that died (SIGKILL, or SIGTERM's default action right after its marker) leaves its
     last rows in the journal only: plain Parquet readers see what was converted before.
     """
-    from fsdptrace import reader
+    from fsdptrace.reading import reader
 
     ranks = reader.discover_ranks(run_dir) if ranks is None else ranks
     frame = reader.read_ranks(run_dir, table, ranks).to_pandas()

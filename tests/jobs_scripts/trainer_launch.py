@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import fsdptrace
-from fsdptrace import endings
+from fsdptrace.reading import endings
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "jobs_scripts"

@@ -13,8 +13,8 @@ from fsdptrace_cli.progress import rank_progress
 if TYPE_CHECKING:
     from fsdptrace.render.formats import Renderer
 
-# The names of ``fsdptrace.render.formats.FORMATS`` and ``fsdptrace.result.FAIL_ON``, spelled
-# here so that ``--help`` does not import pandas; tests/test_cli.py keeps them equal.
+# The names of ``fsdptrace.render.formats.FORMATS`` and ``fsdptrace.analysis.result.FAIL_ON``,
+# spelled here so that ``--help`` does not import pandas; tests/test_cli.py keeps them equal.
 FORMATS = ("text", "json", "markdown", "html", "chrome-trace")
 FAIL_ON = ("error", "warning", "never")
 
@@ -26,7 +26,7 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | str | None,
 
     Shared by ``analyze``, ``report``, ``export`` and ``record``.
     """
-    from fsdptrace.analysis import analyze
+    from fsdptrace.analysis.run import analyze
     from fsdptrace.render.formats import FORMATS as RENDERERS
     from fsdptrace.render.formats import write
     from fsdptrace.render.output import check_writable

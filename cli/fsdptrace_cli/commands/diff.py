@@ -32,7 +32,7 @@ def command(ctx: click.Context, run_a: Path, run_b: Path, fmt: str, steps: str |
       fsdptrace diff runs/a runs/b --steps 1 --format json
     """
     from fsdptrace.render.diff_report import RENDERERS
-    from fsdptrace.run_diff import diff
+    from fsdptrace.views.run_diff import diff
 
     result = diff(run_a, run_b, steps=steps)
     RENDERERS[fmt](result, sys.stdout)

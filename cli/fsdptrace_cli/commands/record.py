@@ -63,8 +63,8 @@ def command(ctx: click.Context, run_dir: Path | None, force: bool, append: bool,
     from fsdptrace.errors import UsageError
     from fsdptrace.record.hot_sweep import sweep
     from fsdptrace.record.launch import record_env, run_recorded
-    from fsdptrace.record.run_dirs import holds_recording, prepare_run_dir
-    from fsdptrace.record.steps import parse_steps
+    from fsdptrace.store.run_dirs import holds_recording, prepare_run_dir
+    from fsdptrace.store.steps import parse_steps
 
     try:
         parse_steps(steps)  # a bad spec fails here, before the job starts

@@ -26,9 +26,9 @@ def command(run_dir: Path, model: str, fmt: str) -> None:
       fsdptrace suggest runs/a
       fsdptrace suggest runs/a --model self.model --format json
     """
-    from fsdptrace.analysis import analyze
+    from fsdptrace.analysis.run import analyze
+    from fsdptrace.reading.trace import load
     from fsdptrace.render.formats import SUGGEST_FORMATS, write
-    from fsdptrace.trace import load
 
     write(functools.partial(SUGGEST_FORMATS[fmt].render, model=model),
           analyze(load(run_dir), checks=()))

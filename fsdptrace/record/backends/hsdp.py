@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from fsdptrace import schema
 from fsdptrace.record.backends import hsdp_collectives, hsdp_provenance
 from fsdptrace.record.backends.base import (
     GradientPresence,
@@ -37,6 +36,7 @@ from fsdptrace.record.backends.base import (
     untracked_name,
 )
 from fsdptrace.record.backends.fsdp2.grads import BACKWARD, grad_token, param_states
+from fsdptrace.store import schema
 
 if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fsdptrace import schema
 from fsdptrace.record.backends import hsdp_issuers, hsdp_provenance
 from fsdptrace.record.backends.base import InstanceAttributePatch
 from fsdptrace.record.backends.issuers import MAX_FOREIGN_FRAMES, Issuers
+from fsdptrace.store import schema
 
 if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder

@@ -17,7 +17,7 @@ import sys
 import warnings
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# fsdptrace.env.RUN_DIR_ENV, spelled here: this file runs in every process `fsdptrace record`
+# fsdptrace.store.env.RUN_DIR_ENV, spelled here: this file runs in every process `fsdptrace record`
 # starts, where fsdptrace may not be importable (tests/test_import_graph.py holds them equal).
 RUN_DIR_ENV = "FSDPTRACE_RUN_DIR"
 

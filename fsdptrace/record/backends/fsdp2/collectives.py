@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fsdptrace import schema
 from fsdptrace.record.backends.fsdp2 import provenance
 from fsdptrace.record.backends.fsdp2.issuers import Issuers, for_recorder
 from fsdptrace.record.backends.fsdp2.state import param_groups
+from fsdptrace.store import schema
 
 if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder

@@ -23,9 +23,9 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fsdptrace import schema
 from fsdptrace.record.backends.base import InstanceAttributePatch
 from fsdptrace.record.backends.fsdp2.state import param_groups
+from fsdptrace.store import schema
 
 if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder

@@ -9,7 +9,7 @@ calls FSDP's method unchanged and only compares ``_all_gather_result`` before an
 None -> set is an ``issue``, set -> None in a wait is a ``consume``, in the end-of-backward
 paths a ``drop``; an ``unshard`` that changes nothing is a ``noop``. ``reshard`` is wrapped too:
 a group that leaves the unsharded state there is a ``reshard`` row, the end of the memory the
-all-gather held (``fsdptrace.unsharded`` builds the ledger from issue to reshard).
+all-gather held (``fsdptrace.reading.unsharded`` builds the ledger from issue to reshard).
 
 Who issued a gather is read from the call stack (``issuers``). Other tools wrap these
 methods too, on the class or the instance, before or after us: our wrappers call through
@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fsdptrace import schema
 from fsdptrace.record.backends.base import InstanceAttributePatch
 from fsdptrace.record.backends.fsdp2.issuers import ISSUER_KINDS, Issuers, for_recorder
 from fsdptrace.record.backends.fsdp2.state import param_groups
+from fsdptrace.store import schema
 
 if TYPE_CHECKING:
     from fsdptrace.record.recorder import Recorder

@@ -1,0 +1,230 @@
+"""``fsdptrace.analyze``: run the checks over a run dir as map (per rank) and reduce.
+
+The map step (``fsdptrace.analysis.map_step``) reads one rank with pyarrow into code columns
+(``checks.tables.RankTables``, no pandas copy of the events), runs the per-rank checks and keeps
+only small summaries (order signatures, where each rank stopped, how the recording ended). The
+reduce step compares those across ranks and re-reads just the few diverging orders it must
+spell out. Memory stays bounded by one rank's data plus the summaries, and the map fans out over
+processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fsdptrace.analysis.map_step import RankSummary, map_ranks, map_tables, rank_pieces, with_causes
+from fsdptrace.analysis.result import Analysis
+from fsdptrace.checks import (
+    ACROSS_RANKS,
+    CHECKS,
+    REGISTRY,
+    findings,
+    per_rank_findings,
+    resolve,
+    selected,
+    stalled_rank,
+)
+from fsdptrace.checks.contract import Merged
+from fsdptrace.checks.kernel.tables import RankTables
+from fsdptrace.checks.stalled_rank import NAME as STALLED_RANK
+from fsdptrace.reading import chunk_gaps, endings, flight_recorder, incomplete, reader
+from fsdptrace.reading.trace import Trace, check_meta, read_frame, to_frame
+
+# Collectives a Flight Recorder dump shows not completed, quoted per stalled rank.
+MAX_NAMED_COLLECTIVES = 3
+
+
+def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
+                     fetch_orders: Callable[[list[int], pd.DataFrame], pd.DataFrame],
+                     fetch_prefetch: Callable[[list[int]], pd.DataFrame]) -> pd.DataFrame:
+    """The reduce step: the across-ranks checks, merged with the per-rank findings."""
+    cat = _concat_field
+    merged = Merged(signatures=cat(summaries, "signatures"),
+                    config_signatures=cat(summaries, "config_signatures"),
+                    unit_sets=cat(summaries, "unit_sets"), last=cat(summaries, "last"),
+                    ends=cat(summaries, "ends"), meta=cat(summaries, "meta"),
+                    ranks=sorted({r for s in summaries for r in s.ranks}),
+                    fetch_orders=fetch_orders, fetch_prefetch=fetch_prefetch,
+                    summaries=_concat_summaries(summaries))
+    found = {check.name: check.run_across_ranks(merged)
+             for check in selected(with_causes(names) - {STALLED_RANK}, ACROSS_RANKS)}
+    if STALLED_RANK in names:
+        causes = [found[c.name] for c in REGISTRY if c.number in stalled_rank.CAUSE_CHECKS
+                  and c.name in found]
+        found[STALLED_RANK] = stalled_rank.check(replace(
+            merged, divergences=findings.combine(causes)))
+    return findings.combine([cat(summaries, "findings")]
+                            + [found[c.name] for c in selected(set(names), ACROSS_RANKS)])
+
+
+def _concat_field(summaries: list[RankSummary], name: str) -> pd.DataFrame:
+    frames = [getattr(s, name) for s in summaries]
+    non_empty = [f for f in frames if len(f)]
+    if not non_empty:
+        return frames[0] if frames else pd.DataFrame()
+    return pd.concat(non_empty, ignore_index=True)
+
+
+def _concat_summaries(summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
+    names = {name for s in summaries for name in s.summaries}
+    out = {}
+    for name in names:
+        frames = [s.summaries[name] for s in summaries if name in s.summaries]
+        non_empty = [f for f in frames if len(f)]
+        out[name] = pd.concat(non_empty, ignore_index=True) if non_empty else frames[0]
+    return out
+
+
+def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None = None, *,
+            jobs: int | None = 1, scheduler: Any = None,
+            progress: Callable[[int, int], None] | None = None) -> Analysis:
+    """Run the checks of docs/checks.md over a run dir or a loaded ``Trace``.
+
+    A run dir is read rank by rank in ``jobs`` processes (``None``: one per available core),
+    or on the Dask cluster ``scheduler`` names (``tcp://HOST:PORT`` or a
+    ``distributed.Client``). ``progress(done, total)`` is called as ranks finish. Returns an
+    ``Analysis``: the findings, sorted by severity, step, rank, with the facts that frame them.
+    """
+    names = resolve(list(checks) if checks is not None else None)
+    if isinstance(source, Trace):
+        return _analyze_trace(source, names)
+    run_dir = Path(source)
+    reader.check_run_dir(run_dir)
+    ranks = reader.discover_ranks(run_dir)
+    if scheduler is not None:
+        from fsdptrace.analysis.distributed import map_distributed
+
+        summaries = map_distributed(run_dir, ranks, names, scheduler, progress)
+    else:
+        summaries = _map_ranks(run_dir, ranks, names, available_cores() if jobs is None
+                               else jobs, progress)
+    return _result(reduce_run_dir(run_dir, summaries, names), summaries, names,
+                   run_dir=run_dir)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), for the default ``jobs``."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+def incomplete_ranges(source: str | os.PathLike[str] | Trace) -> pd.DataFrame:
+    """Where each rank's writer dropped rows: the micro-steps ``analyze`` did not check.
+
+    One row per contiguous run (``checks.incomplete.COLUMNS``: rank, table, first/last step
+    and micro-step, num_rows); empty for a run without drops. A run dir is read for its
+    markers only. (``analyze(...).incomplete`` holds the same, from the analysis's own read.)
+    """
+    if isinstance(source, Trace):
+        return incomplete.parse(source.markers)
+    run_dir = Path(source)
+    reader.check_run_dir(run_dir)
+    ranks = reader.discover_ranks(run_dir)
+    return incomplete.from_arrow(reader.read_ranks(run_dir, "markers", ranks))
+
+
+def _result(found: pd.DataFrame, summaries: list[RankSummary], names: list[str], *,
+            run_dir: Path | None, source: Trace | None = None) -> Analysis:
+    """The ``Analysis`` of a reduced run: findings plus what the map step learned on the way."""
+    ranks = sorted({r for s in summaries for r in s.ranks})
+    meta = _concat_field(summaries, "meta")
+    world_size = (int(meta["world_size"].max()) if len(meta) and "world_size" in meta
+                  else len(ranks))
+    lost = _concat_field(summaries, "incomplete")
+    return Analysis(findings=found, run_dir=run_dir, ranks=tuple(ranks), world_size=world_size,
+                    endings=endings.rank_endings(_concat_field(summaries, "ends"), ranks),
+                    incomplete=lost if len(lost) else incomplete.empty(),
+                    checks=tuple(names), source=source)
+
+
+def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
+                   ) -> pd.DataFrame:
+    """The reduce step for a run dir, re-reading only the tables of the ranks it must."""
+    check_meta(_concat_field(summaries, "meta"), run_dir)
+
+    def fetch_orders(needed: list[int], wanted: pd.DataFrame) -> pd.DataFrame:
+        arrow = {t: reader.read_ranks(run_dir, t, needed) for t in ("events", "markers")}
+        return RankTables.from_arrow(arrow, lambda t: to_frame(arrow[t])).orders(wanted)
+
+    def fetch_prefetch(needed: list[int]) -> pd.DataFrame:
+        return read_frame(run_dir, "prefetch", needed)
+
+    found = reduce_summaries(summaries, names, fetch_orders, fetch_prefetch)
+    return with_flight_recorder(run_dir, found)
+
+
+def with_flight_recorder(run_dir: Path, found: pd.DataFrame) -> pd.DataFrame:
+    """stalled-rank's findings, each with the collectives torch's Flight Recorder saw its rank
+    never complete, named by FSDP unit, phase and issuer (docs/checks.md v3, Collectives).
+
+    The dumps are files beside the tables, read only when a rank stalled and saved one, so this
+    joins them here, after the pure checks ran.
+    """
+    stalled = found["check"] == STALLED_RANK if len(found) else pd.Series([], dtype=bool)
+    if not stalled.any():
+        return found
+    entries = flight_recorder.read_dumps(run_dir)
+    if not len(entries):
+        return found
+    ranks = sorted({int(r) for r in entries["rank"]})
+    named = flight_recorder.not_completed(entries, read_frame(run_dir, "collectives", ranks))
+    if not len(named):
+        return found
+    per_rank = named.groupby("rank")["description"].agg(
+        lambda d: "; Flight Recorder: " + "; ".join(d.head(MAX_NAMED_COLLECTIVES))
+        + (f" (and {len(d) - MAX_NAMED_COLLECTIVES} more)" if len(d) > MAX_NAMED_COLLECTIVES
+           else ""))
+    extra = found["rank"].map(lambda r: per_rank.get(int(r), "") if pd.notna(r) else "")
+    found = found.copy()
+    found.loc[stalled, "message"] = found.loc[stalled, "message"] + extra[stalled]
+    return found
+
+
+def _analyze_trace(trace: Trace, names: list[str]) -> Analysis:
+    tables = RankTables.from_trace(trace)
+    summary = map_tables(tables, names, ranks=trace.ranks)
+    found = reduce_summaries([summary], names, lambda _, wanted: tables.orders(wanted),
+                             lambda _: trace.prefetch)
+    return _result(found, [summary], names, run_dir=trace.run_dir, source=trace)
+
+
+def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
+               progress: Callable[[int, int], None] | None) -> list[RankSummary]:
+    highest = reader.highest_meta_rank(run_dir)
+    pieces = rank_pieces(ranks, jobs)
+    summaries: list[RankSummary] = []
+    done = 0
+    if jobs <= 1 or len(pieces) <= 1:
+        for piece in pieces:
+            summaries += map_ranks(run_dir, piece, names, highest_rank=highest)
+            done += len(piece)
+            if progress:
+                progress(done, len(ranks))
+        return summaries
+    by_piece: dict[int, list[RankSummary]] = {}
+    with ProcessPoolExecutor(max_workers=jobs, initializer=chunk_gaps.quiet) as pool:
+        futures = {pool.submit(map_ranks, run_dir, piece, names, highest_rank=highest): i
+                   for i, piece in enumerate(pieces)}
+        for future in as_completed(futures):  # progress as pieces finish, in any order
+            by_piece[futures[future]] = future.result()
+            done += len(pieces[futures[future]])
+            if progress:
+                progress(done, len(ranks))
+    for i in range(len(pieces)):
+        for summary in by_piece[i]:
+            for chunk in summary.skipped:
+                chunk_gaps.note(chunk)
+            summaries.append(summary)
+    return summaries
+
+
+__all__ = ["CHECKS", "Analysis", "RankSummary", "analyze", "available_cores",
+           "incomplete_ranges", "map_ranks", "per_rank_findings", "reduce_run_dir",
+           "reduce_summaries"]

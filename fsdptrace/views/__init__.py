@@ -1,0 +1,3 @@
+"""Answers beyond findings: the run's summary, suggested prefetch wiring, the
+difference of two runs, and findings grouped by cause.
+"""
