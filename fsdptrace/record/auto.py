@@ -216,7 +216,7 @@ def _close_live_steps() -> None:
         from fsdptrace.record import registry
 
         for recorder in registry.live_recorders():
-            if _step_ends_here(recorder):
+            if recorder.closes_step_at_any_optimizer():
                 recorder.before_optimizer_step()
     except LifecycleError:
         raise
@@ -224,15 +224,3 @@ def _close_live_steps() -> None:
         _disable(f"optimizer boundary failed: {type(error).__name__}: {error}")
 
 
-def _step_ends_here(recorder: Recorder) -> bool:
-    """Whether this optimizer step closes ``recorder``'s step (reads recorder internals).
-
-    Not when its own optimizer hook does, nor when the script numbers steps itself
-    (``begin_micro_step`` then ``before_optimizer_step``), nor when no training forward ran
-    since the last boundary: a second optimizer in the same step adds nothing.
-    """
-    return (
-        recorder._optimizer_handle is None
-        and not recorder._manual_micro_steps
-        and recorder._micro_started
-    )

@@ -175,6 +175,16 @@ class Recorder:
         self._recording = self.enabled and self.window.contains(self.step)
         self.writer.request_flush()
 
+    def closes_step_at_any_optimizer(self) -> bool:
+        """Whether an optimizer step outside this recorder's own hook closes its step.
+
+        Not when its own optimizer hook does, nor when the script numbers steps itself
+        (``begin_micro_step`` then ``before_optimizer_step``), nor when no training forward ran
+        since the last boundary: a second optimizer in the same step adds nothing.
+        """
+        return (self._optimizer_handle is None and not self._manual_micro_steps
+                and self._micro_started)
+
     def note(self, kind: str, detail: str) -> None:
         """Add a marker from outside the hooks (trainer helpers), if this step is recorded."""
         if self._recording and not self._closed:

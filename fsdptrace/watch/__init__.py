@@ -1,4 +1,4 @@
-"""The watcher: the hang verdict while the job hangs (CHECKS.md v3, "Watching a live run").
+"""The watcher: the hang verdict while the job hangs (docs/checks.md v3, "Watching a live run").
 
 ``probe`` reads the ranks' journal segments cheaply (their hot folders on this host, else the
 run dir's mirror) and never touches a training process; ``rule`` decides, from what the probe

@@ -1,4 +1,4 @@
-"""The hang rule and the straggler rule of CHECKS.md v3 ("Watching a live run"), as pure
+"""The hang rule and the straggler rule of docs/checks.md v3 ("Watching a live run"), as pure
 functions of what the probe saw: no clock read, no file opened, so tests give them numbers.
 
 Hung: no rank recorded anything for the hang time while a rank has not ended. The hang time

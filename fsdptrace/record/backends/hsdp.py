@@ -53,7 +53,7 @@ _GRAD_SOURCES = (
     (None, "unsharded_accumulated_grad", "accumulated"),
     (None, "unsharded_accumulated_grad_data", "accumulated_data"),
 )
-# CHECKS.md's setting name -> (where, attribute) on the scheduler.
+# docs/checks.md's setting name -> (where, attribute) on the scheduler.
 _SETTINGS = {
     "requires_gradient_sync": ("hsdp_state", "reduce_grads"),
     "requires_all_reduce": ("hsdp_state", "requires_all_reduce"),
@@ -184,7 +184,7 @@ class HSDPBackend:
         return pending
 
     def settings(self, unit: Unit) -> dict[str, object]:
-        """The unit's state that decides which collectives run (CHECKS.md's names).
+        """The unit's state that decides which collectives run (docs/checks.md's names).
 
         ``requires_gradient_sync`` is HSDP's ``reduce_grads``; ``mesh_shape`` is the device
         mesh's shape. A setting the framework does not have is None (and warns once).

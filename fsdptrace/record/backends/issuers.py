@@ -5,7 +5,7 @@ backend describes its framework in ``Paths``: which of its functions call the un
 (the unit's own pre-forward or pre-backward, its prefetch, the user's manual ``unshard()``),
 and which functions call that prefetch. A prefetch reached from a pre-forward while autograd
 runs backward is activation-checkpoint recompute (``recompute``): the framework re-runs the
-unit's pre-forward, its forward prefetch included, and CHECKS.md keeps recompute out of
+unit's pre-forward, its forward prefetch included, and docs/checks.md keeps recompute out of
 forward findings.
 
 Other tools wrap these methods too (memory trackers, profilers, test harnesses), on the class
