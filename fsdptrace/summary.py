@@ -108,8 +108,9 @@ def overview(trace: Trace) -> dict[str, object]:
 
 
 def losses(markers: pd.DataFrame, ranges: pd.DataFrame) -> dict[str, object]:
-    """Every kind of loss, counted: rows a schema-1 writer dropped, chunks and journal segments
-    the reader skipped as unreadable, ranks whose recording stopped (and where)."""
+    """Every kind of loss, counted: rows a schema-1 writer dropped or a writer could not get
+    into the run dir (``dropped_rows``), chunks and journal segments the reader skipped as
+    unreadable, ranks whose recording stopped (and where)."""
     num_dropped = num_skipped = 0
     if len(markers) and "kind" in markers:
         drops = markers[markers["kind"].astype(object) == schema.MARKER_DROPPED_ROWS]
@@ -176,6 +177,7 @@ def incomplete_per_rank(ranges: pd.DataFrame) -> pd.DataFrame:
 
 
 _WHAT = {incomplete.DROPPED: "dropped {n:,} rows", incomplete.UNREADABLE: "could not read a chunk",
+         incomplete.UNWRITTEN: "could not write {n:,} rows to its run dir",
          incomplete.ABORTED: "aborted a micro-step", incomplete.STOPPED: "stopped recording"}
 _EVERY_TABLE = {incomplete.ABORTED: "every table: aborted", incomplete.STOPPED:
                 "every table: recording stopped"}

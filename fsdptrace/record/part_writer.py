@@ -13,11 +13,15 @@ only stores rows into memory-mapped journal segments (in a private tmpfs folder,
 - when the recording process ends without ``close`` (SIGKILL, an abort, a segfault, a close cut
   short by a frozen filesystem): the same, so the run dir holds every row in plain Parquet;
   what it cannot write stays in the run dir's journal, which ``fsdptrace`` folds in.
+- when the run dir's disk is full (during the run, or only for the last conversion): nothing
+  written is deleted, the segments are moved into the run dir's journal as far as they fit,
+  and the rows that do not fit are said there (``record.unwritten``), so a reader of the run
+  dir alone reports those micro-steps incomplete instead of reading a cut-off rank.
 
-It ignores SIGINT, SIGTERM and SIGHUP and runs in its own session: the job's Ctrl-C or the
-scheduler's SIGTERM stop the training, and this process still has the tail to write. Its
-status reaches the recorder as lines on stdout: ``wrote BYTES``, ``error TYPE: MESSAGE``,
-``done``. Stdin carries ``flush`` and ``close``.
+The process around it (``record.writer_process``) ignores SIGINT, SIGTERM and SIGHUP and runs
+in its own session: the job's Ctrl-C or the scheduler's SIGTERM stop the training, and it
+still has the tail to write. Its status reaches the recorder as lines on stdout: ``wrote
+BYTES``, ``error TYPE: MESSAGE``, ``alive``, ``done``. Stdin carries ``flush`` and ``close``.
 
 A part is written under a hidden temporary name, renamed, and only then are its segments
 deleted: the reader skips segments a part covers and parts inside another part's range, so a
@@ -34,8 +38,6 @@ On start, it settles hot folders left on this host by recordings whose processes
 from __future__ import annotations
 
 import os
-import select
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,7 +52,8 @@ from fsdptrace.journal_format import (
     SEGMENT_FILE,
     SEGMENT_NAME,
 )
-from fsdptrace.record import fatal, stack_dump
+from fsdptrace.record import unwritten
+from fsdptrace.record.full_writes import write_all
 
 _PAGE = 4096
 
@@ -116,31 +119,44 @@ class PartWriter:
         """One Parquet part per table holding the segments that filled since the last call.
 
         A segment is full once the recorder created the next one; ``final`` (closed, or the
-        recording process is gone) converts the open one too.
+        recording process is gone) converts the open one too. A table whose part cannot be
+        written keeps its segments, and the other tables are still converted (a full disk may
+        have room for a small part): the first failure is raised at the end.
         """
+        failure: Exception | None = None
         for name, indexes in self.segments().items():
-            done = self.converted.get(name, 0)
-            for index in indexes:
-                if index <= done:  # converted, its deletion cut short (a writer was killed)
-                    self._segment(name, index).unlink(missing_ok=True)
-                    self._cold_segment(name, index).unlink(missing_ok=True)
-            ready = [i for i in (indexes if final else indexes[:-1]) if i > done]
-            if not ready:
-                continue
-            paths = [self._segment(name, i) for i in ready]
-            data = pa.concat_tables([journal_read.read_segment(p, name) for p in paths])
-            self._write_part(name, data.cast(self._schema(name)), ready[0], ready[-1])
-            self.converted[name] = ready[-1]
-            for index, path in zip(ready, paths, strict=True):
-                path.unlink()
-                if self.segment_dir != self.journal_dir:
-                    self._cold_segment(name, index).unlink(missing_ok=True)
+            try:
+                self._convert_table(name, indexes, final=final)
+            except (OSError, pa.ArrowException) as error:
+                failure = failure or error
+        if failure is not None:
+            raise failure
+
+    def _convert_table(self, name: str, indexes: list[int], *, final: bool) -> None:
+        done = self.converted.get(name, 0)
+        for index in indexes:
+            if index <= done:  # converted, its deletion cut short (a writer was killed)
+                self._segment(name, index).unlink(missing_ok=True)
+                self._cold_segment(name, index).unlink(missing_ok=True)
+        ready = [i for i in (indexes if final else indexes[:-1]) if i > done]
+        if not ready:
+            return
+        paths = [self._segment(name, i) for i in ready]
+        data = pa.concat_tables([journal_read.read_segment(p, name) for p in paths])
+        self._write_part(name, data.cast(self._schema(name)), ready[0], ready[-1])
+        self.converted[name] = ready[-1]
+        for index, path in zip(ready, paths, strict=True):
+            path.unlink()
+            if self.segment_dir != self.journal_dir:
+                self._cold_segment(name, index).unlink(missing_ok=True)
 
     def mirror(self) -> None:
         """Copy each open segment's new bytes into the run dir's journal.
 
         Bytes before what the last pass copied do not change once written (a row is complete
-        before the next begins), so each pass copies from a page below that on.
+        before the next begins), so each pass copies from a page below that on. A copy that
+        does not land whole (a short write: the disk had room for part of it) raises and
+        leaves the offset where it was; the bytes it did write are copied again next time.
         """
         if self.segment_dir == self.journal_dir:
             return
@@ -159,13 +175,17 @@ class PartWriter:
             if used:
                 fd = os.open(self._cold_segment(name, index), os.O_WRONLY | os.O_CREAT, 0o644)
                 try:
-                    os.pwrite(fd, tail[:used], start)
+                    write_all(fd, memoryview(tail)[:used], start)
                 finally:
                     os.close(fd)
             self.mirrored[name] = (index, start + used)
 
     def compact(self) -> None:
-        """Merge each table's parts of this writer into one."""
+        """Merge each table's parts of this writer into one, where the disk has room.
+
+        Merging loses nothing when it fails: the parts stay as they are (a reader reads them
+        all), only the merged copy's temporary file goes. So a full disk here is no failure.
+        """
         for name in schema.TABLES:
             found = self._parts(name)
             # A part inside another's range is left from a compaction cut short: the reader
@@ -177,9 +197,12 @@ class PartWriter:
                     part[2].unlink(missing_ok=True)
             if len(parts) < 2:
                 continue
-            data = pa.concat_tables([pq.read_table(p).cast(self._schema(name))
-                                     for _, _, p in parts])
-            self._write_part(name, data, parts[0][0], max(last for _, last, _ in parts))
+            try:
+                data = pa.concat_tables([pq.read_table(p).cast(self._schema(name))
+                                         for _, _, p in parts])
+                self._write_part(name, data, parts[0][0], max(last for _, last, _ in parts))
+            except (OSError, pa.ArrowException):
+                continue  # the parts hold every row; only the merge did not fit
             for _, _, path in parts:
                 path.unlink()
 
@@ -193,14 +216,20 @@ class PartWriter:
         self.convert(final=True)
         self.compact()
         journal_hot.release_room(self.journal_dir, self.writer_id)
+        unwritten.forget(self.run_dir, rank=self.rank, writer=self.writer_id)
         if self.segment_dir != self.journal_dir:
             journal_hot.remove_if_empty(self.segment_dir)
 
-    def salvage(self) -> None:
-        """Whatever could not become Parquet: the segments themselves, into the run dir."""
-        if self.segment_dir != self.journal_dir:
-            journal_hot.salvage(self.segment_dir, self.journal_dir, self.writer_id)
-        journal_hot.release_room(self.journal_dir, self.writer_id)
+    def salvage(self, reason: str = "the run dir's filesystem refused a write") -> int:
+        """Whatever could not become Parquet: the segments themselves, into the run dir; what
+        does not fit there either is said in it (``record.unwritten``). Returns the number
+        of rows the run dir lacks."""
+        if self.segment_dir == self.journal_dir:
+            journal_hot.release_room(self.journal_dir, self.writer_id)
+            return 0  # every segment is in the run dir already
+        journal_hot.salvage(self.segment_dir, self.journal_dir, self.writer_id)
+        return unwritten.record_loss(self.run_dir, rank=self.rank, writer=self.writer_id,
+                                     hot=self.segment_dir, reason=reason)
 
     def _segment(self, table: str, index: int) -> Path:
         known = self._paths.get((table, index))
@@ -222,13 +251,20 @@ class PartWriter:
         return cached
 
     def _write_part(self, table_name: str, table: pa.Table, first: int, last: int) -> Path:
-        """Write one part atomically: a hidden temp name (hive readers skip dot-files), rename."""
+        """Write one part atomically: a hidden temp name (hive readers skip dot-files), rename.
+
+        A write that fails removes its temporary file: on a full disk it holds the last room.
+        """
         directory = self._partition(table_name)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / RANGE_PART_FILE.format(writer=self.writer_id, first=first, last=last)
         temp = path.with_name("." + path.name + schema.TEMP_SUFFIX)
-        pq.write_table(table, temp, compression="zstd")
-        os.replace(temp, path)
+        try:
+            pq.write_table(table, temp, compression="zstd")
+            os.replace(temp, path)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
         size = path.stat().st_size
         self.bytes_written += size
         self.on_part(size)
@@ -237,69 +273,3 @@ class PartWriter:
 
 def _segment_name(table: str, writer: str, index: int) -> str:
     return SEGMENT_FILE.format(table=table, writer=writer, index=index)
-
-
-def _say(line: str) -> None:
-    try:
-        os.write(1, (line.replace("\n", " ") + "\n").encode())
-    except OSError:
-        pass  # the recorder is gone: nobody to tell
-
-
-def _watch_parent(parent: int) -> int | None:
-    """A descriptor readable once ``parent`` has ended (Linux pidfd), or None: poll instead."""
-    try:
-        return os.pidfd_open(parent)
-    except (AttributeError, OSError):
-        return None
-
-
-def serve(writer: PartWriter, parent: int, interval_s: float, *, failed: bool = False) -> None:
-    """Write until told ``close`` or until the recording process ends; then finish.
-
-    After a failure nothing more is converted; at the end the segments go to the run dir's
-    journal if they can.
-    """
-    pidfd = _watch_parent(parent)
-    watched = [0] + ([pidfd] if pidfd is not None else [])
-    pending = b""
-    closing = parent_gone = False
-    next_pass = time.monotonic() + interval_s
-    while not (closing or parent_gone):
-        ready, _, _ = select.select(watched, [], [], max(0.0, next_pass - time.monotonic()))
-        flush = time.monotonic() >= next_pass
-        if 0 in ready:
-            chunk = os.read(0, 4096)
-            pending += chunk
-            if not chunk:  # the recorder's end of the pipe closed: it is going
-                watched.remove(0)
-                parent_gone = pidfd is None or not watched
-            *lines, pending = pending.split(b"\n")
-            closing = b"close" in lines
-            if b"flush" in lines and not failed:  # an optimizer boundary: parts, not mirrors
-                failed = not _attempt(lambda: writer.convert(final=False))
-        if pidfd is not None and pidfd in ready:
-            parent_gone = True
-        if pidfd is None and os.getppid() != parent:
-            parent_gone = True
-        if flush:
-            if not failed:
-                failed = not _attempt(writer.flush)
-            # Also after a failure: a pass time left in the past would spin this loop.
-            next_pass = time.monotonic() + interval_s
-            _say("alive")  # the recorder's supervision: silence means stopped or stuck
-    if failed or not _attempt(writer.finish):
-        writer.salvage()
-    stack_dump.drop_unused(writer.run_dir, writer.rank, parent)
-    fatal.drop_unused(writer.run_dir, writer.rank, parent)  # last: it removes an empty folder
-    _say("done")
-
-
-def _attempt(work: Callable[[], None]) -> bool:
-    """Run one pass; a failure is said once (the recorder disables itself) and not raised."""
-    try:
-        work()
-        return True
-    except Exception as error:  # noqa: BLE001 - said to the recorder, which warns once
-        _say(f"error {type(error).__name__}: {error}")
-        return False
