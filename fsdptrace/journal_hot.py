@@ -105,7 +105,7 @@ def claim(folder: Path, owner: dict[str, Any]) -> int | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         data = json.dumps(owner).encode()
-        os.pwrite(fd, data, 0)  # every claimer of a folder writes the same owner
+        write_all(fd, data, 0)  # every claimer of a folder writes the same owner
         os.ftruncate(fd, len(data))
         return fd
     except OSError:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from fsdptrace import journal_hot
 from fsdptrace.record import fatal, hot_sweep, stack_dump
+from fsdptrace.record.full_writes import write_all
 from fsdptrace.record.part_writer import PartWriter
 
 
@@ -32,7 +33,7 @@ def _sweep_stale() -> None:
 
 def _say(line: str) -> None:
     try:
-        os.write(1, (line.replace("\n", " ") + "\n").encode())
+        write_all(1, (line.replace("\n", " ") + "\n").encode())
     except OSError:
         pass  # the recorder is gone: nobody to tell
 
