@@ -69,7 +69,8 @@ class PartWriter:
         self._paths: dict[tuple[str, int], Path] = {}  # where segments() found each segment
         # table -> last segment index turned into Parquet (by this writer id, in any process)
         self.converted: dict[str, int] = self._already_converted()
-        self.mirrored: dict[str, tuple[int, int]] = {}  # table -> (segment index, bytes copied)
+        # table -> (segment index, end of the bytes written there when last mirrored)
+        self.mirrored: dict[str, tuple[int, int]] = {}
         self.bytes_written = 0
         self.on_part: Callable[[int], None] = lambda size: None  # the process reports sizes
         self._schemas: dict[str, pa.Schema] = {}
@@ -153,8 +154,11 @@ class PartWriter:
     def mirror(self) -> None:
         """Copy each open segment's new bytes into the run dir's journal.
 
-        Bytes before what the last pass copied do not change once written (a row is complete
-        before the next begins), so each pass copies from a page below that on. A copy that
+        Bytes well before the end of what the last pass found written do not change (a row
+        is complete before the next begins), so each pass copies from a page below that end
+        on: a row being written then is copied again whole. (The end, not what was copied:
+        a pass copies a page of zeros past the end, and the rows written there since were
+        skipped by every later pass, a hole that read as rows never written.) A copy that
         does not land whole (a short write: the disk had room for part of it) raises and
         leaves the offset where it was; the bytes it did write are copied again next time.
         """
@@ -164,21 +168,22 @@ class PartWriter:
             index = indexes[-1]
             if self._segment(name, index).parent != self.segment_dir:
                 continue  # mapped in the run dir already (the hot folder was full)
-            seen, copied = self.mirrored.get(name, (0, 0))
-            start = copied - copied % _PAGE if seen == index else 0
+            seen, end = self.mirrored.get(name, (0, 0))
+            start = max(0, end - end % _PAGE - _PAGE) if seen == index else 0
             try:
                 with open(self._segment(name, index), "rb") as hot:
                     tail = hot.read() if not start else os.pread(hot.fileno(), 1 << 30, start)
             except FileNotFoundError:
                 continue
             used = journal_hot.used_length(tail)
-            if used:
-                fd = os.open(self._cold_segment(name, index), os.O_WRONLY | os.O_CREAT, 0o644)
-                try:
-                    write_all(fd, memoryview(tail)[:used], start)
-                finally:
-                    os.close(fd)
-            self.mirrored[name] = (index, start + used)
+            if not used:
+                continue  # nothing written since (or at all)
+            fd = os.open(self._cold_segment(name, index), os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                write_all(fd, memoryview(tail)[:used], start)
+            finally:
+                os.close(fd)
+            self.mirrored[name] = (index, start + len(tail.rstrip(b"\0")))
 
     def compact(self) -> None:
         """Merge each table's parts of this writer into one, where the disk has room.
