@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from fsdptrace import schema
 from fsdptrace.checks.keys import rank_step_key
 from fsdptrace.errors import RunDirError
-from fsdptrace.key_ranges import MAX_MICRO_STEP
+from fsdptrace.key_ranges import MAX_MICRO_STEP, MAX_STEP
 
 COLUMNS = ["rank", "table", "first_step", "first_micro_step", "last_step", "last_micro_step",
            "num_rows", "cause"]
@@ -80,7 +80,9 @@ def parse(markers: pd.DataFrame, last_steps: pd.Series | None = None) -> pd.Data
 
 
 def _dropped(mine: pd.DataFrame) -> pd.DataFrame:
-    """``dropped_rows`` markers: a schema-1 writer's drops, or chunks the reader skipped."""
+    """``dropped_rows`` markers: a schema-1 writer's drops, chunks the reader skipped, rows a
+    writer could not get into the run dir. Those last may run to the rank's end (``last_step``
+    null: where its copy in the run dir ended while it ran on): to ``MAX_STEP``."""
     if not len(mine):
         return empty()
     ranks = mine["rank"].to_numpy().astype(np.int64)
@@ -91,6 +93,11 @@ def _dropped(mine: pd.DataFrame) -> pd.DataFrame:
     out["num_rows"] = mine["count"].to_numpy().astype(np.int64)
     out["cause"] = [UNREADABLE if "unreadable_chunk" in d else UNWRITTEN if UNWRITTEN in d
                     else DROPPED for d in details]
+    open_ended = (out["cause"] == UNWRITTEN).to_numpy() & out["last_step"].isna().to_numpy()
+    # To the rank's end: its tables were copied at different moments, so no table's last row
+    # (the markers' included) says where the others' copies end.
+    out.loc[open_ended, "last_step"] = MAX_STEP
+    out.loc[open_ended, "last_micro_step"] = MAX_MICRO_STEP
     # A run without a step range (not a number) says nothing about where it was: skip it.
     out[fields[1:]] = out[fields[1:]].apply(pd.to_numeric, errors="coerce")
     out = out.dropna(subset=fields[1:])

@@ -71,6 +71,7 @@ class PartWriter:
         self.converted: dict[str, int] = self._already_converted()
         # table -> (segment index, end of the bytes written there when last mirrored)
         self.mirrored: dict[str, tuple[int, int]] = {}
+        self._marked: tuple[int, int] | None = None  # the position the run dir last got
         self.bytes_written = 0
         self.on_part: Callable[[int], None] = lambda size: None  # the process reports sizes
         self._schemas: dict[str, pa.Schema] = {}
@@ -212,9 +213,17 @@ class PartWriter:
                 path.unlink()
 
     def flush(self) -> None:
-        """One pass of the loop: full segments into Parquet, the open ones mirrored."""
+        """One pass of the loop: full segments into Parquet, the open ones mirrored, then
+        where the run dir's copy ends said in it (``unwritten.mark_position``): every row
+        recorded before the pass began is there now."""
+        at = unwritten.position(self.segment_dir, self.writer_id) if (
+            self.segment_dir != self.journal_dir) else None
         self.convert(final=False)
         self.mirror()
+        if at is not None and at != self._marked:
+            unwritten.mark_position(self.run_dir, rank=self.rank, writer=self.writer_id,
+                                    hot=self.segment_dir, position=at)
+            self._marked = at
 
     def finish(self) -> None:
         """Everything into Parquet, one part per table; the hot folder removed if empty."""

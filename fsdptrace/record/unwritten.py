@@ -11,6 +11,13 @@ table, the (step, micro-step) of its first missing row, its last step, how many 
 (``unwritten``). ``checks.incomplete`` reads them as it reads any loss: those micro-steps are
 incomplete, never findings, and ``summary`` counts the rows.
 
+While the run goes on, the same segment says where the run dir's copy ends
+(``mark_position``): after each of its passes the writer has copied every row recorded
+before the pass began, so from the micro-step the rank was in then, every table may lack rows
+that only the hot folder holds. Killed together with its writer (a cgroup kill, a node that
+goes down), a rank leaves exactly that said: read elsewhere, the tail its tables were copied
+at slightly different moments is incomplete, not a rank that ran some units without others.
+
 The markers go in a segment of their own (``journal_format.LOSS_WRITER``), written into the
 disk room the writer set aside for it at its start (``journal_hot.reserve_room``): no writer
 converts it with the recording's segments, every salvage rewrites it whole (a loss is never
@@ -73,6 +80,40 @@ def record_loss(run_dir: Path, *, rank: int, writer: str, hot: Path, reason: str
         return 0
     finally:
         journal_hot.release_room(cold, writer)
+
+
+def mark_position(run_dir: Path, *, rank: int, writer: str, hot: Path,
+                  position: tuple[int, int]) -> None:
+    """Say that rows from ``position`` (step, micro-step) on may be in ``hot`` only: every
+    table, to the rank's last step (``last_step`` null: the reader fills it in)."""
+    cold = run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)
+    target = cold / SEGMENT_FILE.format(table="markers", writer=LOSS_WRITER.format(
+        writer=writer), index=1)
+    step, micro_step = position
+    where = f"{socket.gethostname()}:{hot}"[:MAX_REASON_CHARS]
+    rows = [[0, time.monotonic_ns(), step, micro_step, schema.MARKER_DROPPED_ROWS, 0,
+             json.dumps({"table": table, "first_step": step, "first_micro_step": micro_step,
+                         "last_step": None, "last_micro_step": None,
+                         "unwritten": "not copied into the run dir yet", "kept_in": where})]
+            for table in schema.TABLES]
+    journal_hot.write_segment(_segment(rows, run_dir, writer), target)
+
+
+def position(hot: Path, writer: str) -> tuple[int, int] | None:
+    """(step, micro-step) of the last row in ``writer``'s newest ``events`` segment in
+    ``hot``: where the rank is (it records events in every micro-step); None before any."""
+    newest = [p for p in journal_hot.segment_files(hot, writer)
+              if p.name.startswith("events-") and SEGMENT_NAME.match(p.name)]
+    if not newest:
+        return None
+    try:
+        rows = journal_read.read_segment(newest[-1], "events")
+    except (UnreadableChunkError, OSError):
+        return None
+    if not rows.num_rows:
+        return None
+    last = rows.slice(rows.num_rows - 1)
+    return int(last.column("step")[0].as_py()), int(last.column("micro_step")[0].as_py())
 
 
 def forget(run_dir: Path, *, rank: int, writer: str) -> None:

@@ -339,7 +339,6 @@ class ChunkWriter:
                 journal_hot.salvage(self.segment_dir, self.journal_dir, self.writer_id)
             except OSError:
                 pass  # they stay in the hot folder; the next sweep on this host moves them
-            if journal_hot.segment_files(self.segment_dir, self.writer_id):
-                unwritten.record_loss(self.run_dir, rank=self.rank, writer=self.writer_id,
-                                      hot=self.segment_dir,
-                                      reason="no writer process could write them")
+            unwritten.record_loss(self.run_dir, rank=self.rank, writer=self.writer_id,
+                                  hot=self.segment_dir,
+                                  reason="no writer process could write them")
