@@ -8,7 +8,9 @@ only stores rows into memory-mapped journal segments (in a private tmpfs folder,
 
 - every flush interval (or when asked): turn full segments into Parquet parts named by the
   segment range they hold, then copy the open segment's new bytes into ``RUN_DIR/journal/``,
-  so a reader on another host sees a hung rank's tail at most one interval late;
+  so a reader on another host sees a hung rank's tail at most one interval late, and say
+  there where that copy ends (``record.unwritten``: a rank killed with its writer reads as
+  incomplete from there, not as tables cut at different moments);
 - on ``close``: convert everything, compact each table to one part, answer ``done``;
 - when the recording process ends without ``close`` (SIGKILL, an abort, a segfault, a close cut
   short by a frozen filesystem): the same, so the run dir holds every row in plain Parquet;
