@@ -16,11 +16,23 @@ Before, ``summary`` said "dropped rows: 0, incomplete steps: none" (it counted a
 nothing writes) and ``analyze`` gave a clean verdict for the steps that were recorded. Now the
 stopped range is an incomplete range of every table, from the marker to the rank's last step.
 
+The rows between the writer's last good write and that marker stayed in the hot folder: read
+from the run dir alone, a rank's events stopped steps before its marker (one run: rank 0 had
+none of its 128 events, its gradients were there), and ``analyze`` said "FAIL: 32 error(s)"
+(``bypassed-unit``: units with gradients and no forward). Now the writer, after moving what it
+can, says in the run dir which rows of each table only the hot folder holds
+(``record.unwritten``): those micro-steps are incomplete, not findings.
+
+A disk that fills only at close (the writer's last conversion is its first write to fail):
+before, the run dir alone held none of the 960 events, and ``summary`` said "clean close: 2,
+dropped rows: 0, incomplete steps: none", ``analyze`` "OK: no findings".
+
 Real: a tmpfs mounted on a temporary folder, which needs root; skipped otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -32,9 +44,13 @@ import pytest
 from click.testing import CliRunner
 from fsdptrace_cli.main import cli
 
-from fsdptrace.record import writer
+import fsdptrace
+from fsdptrace.reading import incomplete
+from fsdptrace.record import hot_sweep, writer
 from fsdptrace.record.journal import open_table
+from fsdptrace.record.part_writer import PartWriter
 from fsdptrace.store import journal_hot, journal_read, schema
+from fsdptrace.store.journal_format import LOSS_WRITER
 from tests.jobs import assert_ok, run_ranks
 
 pytestmark = pytest.mark.slow
@@ -76,13 +92,28 @@ def _drop_hot_folders(mount: Path) -> None:
             shutil.rmtree(hot, ignore_errors=True)
 
 
-def _summary(run_dir: Path) -> dict:
-    summary = CliRunner().invoke(cli, ["summary", str(run_dir), "--format", "json"])
+_ALONE = {journal_hot.HOT_DIR_ENV: "off"}  # the run dir alone: another host, after a reboot
+
+
+def _summary(run_dir: Path, env: dict[str, str] | None = None) -> dict:
+    summary = CliRunner().invoke(cli, ["summary", str(run_dir), "--format", "json"], env=env)
     assert summary.exit_code == 0, summary.output
     return json.loads(summary.stdout)
 
 
-def test_a_full_run_dir_disk_is_reported_incomplete(tiny_disk: Path) -> None:
+def _analyze(run_dir: Path, env: dict[str, str] | None = None) -> list[str]:
+    analyze = CliRunner().invoke(cli, ["analyze", str(run_dir), "-j", "1"], env=env)
+    return analyze.stdout.splitlines()
+
+
+def _load_alone(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> fsdptrace.Trace:
+    with monkeypatch.context() as remote:
+        remote.setenv(journal_hot.HOT_DIR_ENV, "off")
+        return fsdptrace.load(run_dir)
+
+
+def test_a_full_run_dir_disk_is_reported_incomplete(tiny_disk: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir = tiny_disk / "run"
     results = run_ranks([str(SCRIPT), str(NUM_STEPS), str(PAUSE_S)],
                         env={"FSDPTRACE_RUN_DIR": str(run_dir)}, timeout_s=400)
@@ -96,7 +127,8 @@ def test_a_full_run_dir_disk_is_reported_incomplete(tiny_disk: Path) -> None:
     assert stopped == {0, 1}, numbers
     assert numbers["recording_stopped"].count("rank ") == 2, numbers
     for where in numbers["incomplete_steps"].values():
-        assert where.endswith(f"-{NUM_STEPS} (every table: recording stopped)"), where
+        assert f"-{NUM_STEPS} (" in where, where
+        assert where.endswith("every table: recording stopped)"), where
 
     analyze = CliRunner().invoke(cli, ["analyze", str(run_dir), "-j", "1"])
     lines = analyze.stdout.splitlines()
@@ -105,11 +137,103 @@ def test_a_full_run_dir_disk_is_reported_incomplete(tiny_disk: Path) -> None:
     assert len(named) == 2, analyze.stdout
 
     # The run dir alone (copied elsewhere): the markers reached it through the disk room the
-    # writer process set aside, so it too says where each rank stopped.
+    # writer process set aside, so it too says where each rank stopped, and which rows before
+    # that only the hot folder had: every event the run dir lacks is in an incomplete range.
+    whole = fsdptrace.load(run_dir)
+    alone = _load_alone(run_dir, monkeypatch)
+    keys = ["rank", "step", "micro_step", "seq"]
+    lacking = whole.events[keys].merge(alone.events[keys], how="left", indicator=True)
+    lacking = lacking[lacking["_merge"] == "left_only"]
+    ranges = incomplete.parse(alone.markers)
+    assert incomplete.in_micro_steps(ranges, ("events",), lacking["rank"].to_numpy(),
+                                     lacking["step"].to_numpy(),
+                                     lacking["micro_step"].to_numpy()).all(), (lacking, ranges)
     _drop_hot_folders(tiny_disk)
-    alone = _summary(run_dir)
+    said = _summary(run_dir)
+    assert {int(r) for r in said["incomplete_steps"]} == {0, 1}, said
+    assert said["recording_stopped"] == numbers["recording_stopped"], said
+    if len(lacking):
+        assert said["dropped_rows"] >= len(lacking), said
+    assert _analyze(run_dir)[0].startswith("INCOMPLETE: no findings")  # no false finding
+
+
+def test_a_disk_that_fills_at_close_says_what_the_run_dir_lacks(tiny_disk: Path) -> None:
+    """Nothing reaches the run dir during training but the empty tables; then its disk is
+    filled to the last byte and the ranks close: the writer's final conversion fails. It
+    deletes nothing already written, moves what fits, and says in the disk room it kept
+    which rows of each table are not there, so the run dir alone is incomplete, not OK."""
+    run_dir = tiny_disk / "run"
+    results = run_ranks([str(SCRIPT), str(NUM_STEPS), "0", "at-close"],
+                        env={"FSDPTRACE_RUN_DIR": str(run_dir)}, timeout_s=400)
+    assert_ok(results)
+    for table in schema.TABLES:  # the first parts, written at start, are all still there
+        for rank in (0, 1):
+            assert list((run_dir / table / f"rank={rank}").glob("part-*.parquet")), table
+    assert not list(run_dir.rglob("*" + schema.TEMP_SUFFIX))  # no half-written part holds room
+    assert len(list(run_dir.glob("journal/rank=*/markers-*" + LOSS_WRITER.format(writer="")
+                                 + "-*.seg"))) == 2
+
+    alone = _summary(run_dir, env=_ALONE)
+    assert alone["events"] < 2 * NUM_STEPS * 16, alone
+    assert alone["dropped_rows"] >= 2 * NUM_STEPS * 16 - alone["events"], alone
     assert {int(r) for r in alone["incomplete_steps"]} == {0, 1}, alone
-    assert alone["recording_stopped"] == numbers["recording_stopped"], alone
+    for where in alone["incomplete_steps"].values():
+        assert where.startswith("steps 0-") and "events: " in where, where
+    lines = _analyze(run_dir, env=_ALONE)
+    assert lines[0].startswith("INCOMPLETE: no findings"), lines
+    named = [line for line in lines if "could not write" in line and "to its run dir" in line]
+    assert len(named) == 2, lines
+
+    # Room again (the ballast goes), and the next writer on this host settles the dead
+    # recording's hot folders: every row reaches the run dir, and the loss markers go.
+    (tiny_disk / "ballast").unlink()
+    for rank in (0, 1):
+        folder = journal_hot.hot_dir(run_dir / "journal" / f"rank={rank}", create=False)
+        assert folder is not None
+        held = journal_hot.lock_if_stale(folder)
+        if held is not None:  # else another job's writer settles it right now
+            try:
+                hot_sweep.settle(folder, held[1])
+            finally:
+                os.close(held[0])
+    assert journal_hot.wait_salvaged(run_dir / "journal" / "rank=0")
+    assert journal_hot.wait_salvaged(run_dir / "journal" / "rank=1")
+    whole = _summary(run_dir, env=_ALONE)
+    assert whole["events"] == 2 * NUM_STEPS * 16 and whole["dropped_rows"] == 0, whole
+    assert _analyze(run_dir, env=_ALONE)[0].startswith("OK: no findings")
+
+
+def test_a_short_mirror_write_is_a_failure_not_a_hole(tiny_disk: Path) -> None:
+    """The run dir's disk has room for part of a mirror pass: ``pwrite`` takes what fits and
+    returns the count. Before, the pass took it for the whole and moved on; the next pass
+    copied from that offset, leaving a hole of zeros that reads as rows never written (here
+    rows 303 to 1,000 of 1,000 were missing from the run dir alone, with no sign). Now the
+    pass fails (the recorder disables itself, as for any failed write) and the next one,
+    once there is room, copies the segment whole."""
+    run_dir = tiny_disk / "run"
+    chunks = writer.ChunkWriter(run_dir, rank=0, version="test", writer_id="j1_000000001")
+    assert chunks.segment_dir != chunks.journal_dir, "no hot folder on this host"
+    events = chunks.buffer("events", {"phase": schema.PHASES, "unit": ["<root>"]})
+    for seq in range(1, 1001):  # 44 KB of slots in the open segment
+        events.append((seq, seq, seq // 100, 0, 0, 0))
+    part_writer = PartWriter(run_dir, rank=0, version="test", writer_id=chunks.writer_id,
+                             segment_dir=chunks.segment_dir)
+    ballast = tiny_disk / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT)  # the disk full to the last page
+    with contextlib.suppress(OSError):
+        while os.write(fd, b"\1" * 4096) == 4096:
+            pass
+    os.close(fd)
+    os.truncate(ballast, ballast.stat().st_size // 4096 * 4096 - 12 * 1024)  # room: 12 KB
+    with pytest.raises(OSError, match="No space left"):
+        part_writer.mirror()
+    assert "events" not in part_writer.mirrored
+    ballast.unlink()
+    part_writer.mirror()
+    cold = chunks.journal_dir / next(chunks.segment_dir.glob("events-*.seg")).name
+    seqs = journal_read.read_segment(cold, "events").column("seq").to_pylist()
+    assert seqs == list(range(1, 1001))
+    chunks.abandon()
 
 
 def test_the_stop_marker_fits_in_the_room_kept_for_it(tmp_path: Path) -> None:

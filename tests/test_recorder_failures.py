@@ -28,6 +28,7 @@ import pandas as pd
 import pytest
 
 import fsdptrace
+from fsdptrace.reading import incomplete
 from fsdptrace.render import text
 from fsdptrace.store import journal_hot
 from fsdptrace.store.run_mark import read_launch
@@ -129,6 +130,61 @@ def test_a_job_killed_with_its_writers_leaves_nothing_a_rerun_reads(
     assert trace.events.groupby("rank").size().to_dict() == {
         0: STEPS * EVENTS_PER_STEP, 1: STEPS * EVENTS_PER_STEP}
     assert not any(folder.exists() for folder in killed if folder is not None)
+
+
+def test_a_job_killed_mid_training_with_its_writers_reads_incomplete_not_wrong(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks stopped and killed with their writer processes while training (a cgroup kill):
+    the run dir holds each table as its writer last copied it, tables copied moments apart.
+    Found by experiment before this: read alone, one run's events ended at step 271 and its
+    gradients at 273, and ``analyze`` said "FAIL: 8 error(s)": 6 ``bypassed-unit`` (units
+    with gradients and no forward), and in another run a false root cause ("the ranks
+    diverged ... first collective count"). Now each pass of the writer says where the run
+    dir's copy ends (``record.unwritten.mark_position``): every row the run dir lacks is in an
+    incomplete range, and the only findings are the ranks that stopped."""
+    run_dir = tmp_path / "run"
+    procs = start_ranks([SCRIPT, "--run-dir", str(run_dir), "--case", "run-on",
+                         "--steps", "100000"])
+    reports = [tmp_path / f"run-on.rank{r}.json" for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not all(p.exists() for p in reports):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.2)
+        time.sleep(3.0)  # some passes of the writers while the ranks train on
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGSTOP)
+        for pid in [pid for p in reports for pid in json.loads(p.read_text())["writers"]]:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        kill_all(procs)
+    whole = fsdptrace.load(run_dir)  # with the hot folders, as on the recording host
+    alone = _cold(run_dir, monkeypatch)
+    # Rows the run dir lacks where it holds later rows of that rank (in any table) are in
+    # incomplete ranges; past its last row the rank simply stops (and is said to).
+    tables = ("events", "gradients", "backward_grads", "collectives", "markers")
+    reached = pd.concat([getattr(alone, t)[["rank", "step", "micro_step"]] for t in tables])
+    reached = (reached["step"].astype("int64") * 2**20 + reached["micro_step"]).groupby(
+        reached["rank"].astype("int64")).max()
+    ranges = incomplete.parse(alone.markers)
+    for table in tables[:-1]:
+        mine = [c for c in ("rank", "step", "micro_step", "seq")
+                if c in getattr(whole, table).columns]
+        lacking = getattr(whole, table)[mine].merge(getattr(alone, table)[mine], how="left",
+                                                    indicator=True)
+        lacking = lacking[lacking["_merge"] == "left_only"]
+        where = lacking["step"].astype("int64") * 2**20 + lacking["micro_step"]
+        lacking = lacking[where.to_numpy() <= reached.reindex(lacking["rank"]).to_numpy()]
+        assert incomplete.in_micro_steps(ranges, (table,), lacking["rank"].to_numpy(),
+                                         lacking["step"].to_numpy(),
+                                         lacking["micro_step"].to_numpy()).all(), table
+    with monkeypatch.context() as remote:
+        remote.setenv(journal_hot.HOT_DIR_ENV, "off")
+        findings = fsdptrace.analyze(run_dir).findings
+    assert set(findings["check"]) <= {"stalled-rank"}, findings[["check", "message"]]
+    for folder in _hot_folders(run_dir, read_launch(run_dir)):
+        if folder is not None:
+            subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
 @pytest.fixture

@@ -174,19 +174,22 @@ def test_close_returns_in_time_when_the_filesystem_blocks(tmp_path: Path) -> Non
 def test_the_writer_mirrors_the_hot_tail_into_the_run_dir(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader on another host sees only the run dir: a rank that is still writing (hung)
-    has its open segments copied there within a flush interval."""
+    has its open segments copied there within a flush interval, pass after pass. (Each pass
+    used to start where the last one's copy ended, a page of zeros past the rows: the rows
+    written into that page were never copied, and the run dir alone held 40 of 120 rows.)"""
     writer = _writer(tmp_path)
     assert writer.segment_dir != writer.journal_dir
     writer.start()
-    _append_events(writer, 1, 40)  # fewer than a segment: nothing converted yet
-    deadline = time.monotonic() + 10
     with monkeypatch.context() as remote:
         remote.setenv(journal_hot.HOT_DIR_ENV, "off")  # the reader cannot see the hot folder
-        while _seqs(tmp_path) != list(range(1, 41)) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert _seqs(tmp_path) == list(range(1, 41))
+        for last in (40, 80, 120):  # fewer than a segment: nothing converted yet
+            _append_events(writer, last - 39, last)
+            deadline = time.monotonic() + 10
+            while _seqs(tmp_path) != list(range(1, last + 1)) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert _seqs(tmp_path) == list(range(1, last + 1))
     assert writer.close(10.0)
-    assert _seqs(tmp_path) == list(range(1, 41))
+    assert _seqs(tmp_path) == list(range(1, 121))
 
 
 _KILLED_WRITER = """

@@ -12,8 +12,10 @@ there may be a lost row. The checks that would misread such a gap skip those mic
 A rank whose recording stopped (``recording_disabled``: its run dir's disk filled, its writer
 failed) recorded nothing more in any table: from that marker's micro-step to the last step its
 markers reached, every table is incomplete. A chunk or journal segment the reader skipped as
-unreadable is a ``dropped_rows`` marker of its own (``chunk_gaps``). Each range says its
-``cause`` (``CAUSES``), so what a person reads names what happened, not only where.
+unreadable is a ``dropped_rows`` marker of its own (``chunk_gaps``), and so are the rows a
+writer could not get into the run dir (``record.unwritten``: their detail says ``unwritten``).
+Each range says its ``cause`` (``CAUSES``), so what a person reads names what happened, not
+only where.
 
 One implementation for every source: the map step filters a rank's Arrow markers down to the
 few loss and abort rows before converting them (``from_arrow``), a ``Trace`` hands its
@@ -33,14 +35,17 @@ import pyarrow.compute as pc
 from fsdptrace.errors import RunDirError
 from fsdptrace.reading.keys import rank_step_key
 from fsdptrace.store import schema
-from fsdptrace.store.key_ranges import MAX_MICRO_STEP
+from fsdptrace.store.key_ranges import MAX_MICRO_STEP, MAX_STEP
 
 COLUMNS = ["rank", "table", "first_step", "first_micro_step", "last_step", "last_micro_step",
            "num_rows", "cause"]
 # Why a range is incomplete: rows a schema-1 writer dropped, a chunk or segment the reader
-# could not read, a micro-step ``reset_iter_state()`` aborted, a recording that stopped.
-DROPPED, UNREADABLE, ABORTED, STOPPED = "dropped", "unreadable", "aborted", "stopped"
-CAUSES = (DROPPED, UNREADABLE, ABORTED, STOPPED)
+# could not read, rows the writer could not get into the run dir (its disk was full: they
+# stayed in the recording host's hot folder), a micro-step ``reset_iter_state()`` aborted, a
+# recording that stopped.
+DROPPED, UNREADABLE, UNWRITTEN = "dropped", "unreadable", "unwritten"
+ABORTED, STOPPED = "aborted", "stopped"
+CAUSES = (DROPPED, UNREADABLE, UNWRITTEN, ABORTED, STOPPED)
 # Marker kinds after which a rank recorded nothing more.
 STOP_MARKERS = (schema.MARKER_DISABLED,)
 _LOSS_MARKERS = (schema.MARKER_DROPPED_ROWS, schema.MARKER_ABORTED, *STOP_MARKERS)
@@ -75,7 +80,9 @@ def parse(markers: pd.DataFrame, last_steps: pd.Series | None = None) -> pd.Data
 
 
 def _dropped(mine: pd.DataFrame) -> pd.DataFrame:
-    """``dropped_rows`` markers: a schema-1 writer's drops, or chunks the reader skipped."""
+    """``dropped_rows`` markers: a schema-1 writer's drops, chunks the reader skipped, rows a
+    writer could not get into the run dir. Those last may run to the rank's end (``last_step``
+    null: where its copy in the run dir ended while it ran on): to ``MAX_STEP``."""
     if not len(mine):
         return empty()
     ranks = mine["rank"].to_numpy().astype(np.int64)
@@ -84,7 +91,13 @@ def _dropped(mine: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame([[d.get(f) for f in fields] for d in details], columns=fields)
     out.insert(0, "rank", ranks)
     out["num_rows"] = mine["count"].to_numpy().astype(np.int64)
-    out["cause"] = [UNREADABLE if "unreadable_chunk" in d else DROPPED for d in details]
+    out["cause"] = [UNREADABLE if "unreadable_chunk" in d else UNWRITTEN if UNWRITTEN in d
+                    else DROPPED for d in details]
+    open_ended = (out["cause"] == UNWRITTEN).to_numpy() & out["last_step"].isna().to_numpy()
+    # To the rank's end: its tables were copied at different moments, so no table's last row
+    # (the markers' included) says where the others' copies end.
+    out.loc[open_ended, "last_step"] = MAX_STEP
+    out.loc[open_ended, "last_micro_step"] = MAX_MICRO_STEP
     # A run without a step range (not a number) says nothing about where it was: skip it.
     out[fields[1:]] = out[fields[1:]].apply(pd.to_numeric, errors="coerce")
     out = out.dropna(subset=fields[1:])

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from fsdptrace.errors import RunDirError, UnreadableChunkError
 from fsdptrace.reading import chunk_gaps, validate
 from fsdptrace.store import fatal_signals, journal_hot, journal_read, schema
-from fsdptrace.store.journal_format import JOURNAL_DIR, RANGE_PART_NAME
+from fsdptrace.store.journal_format import JOURNAL_DIR, RANGE_PART_NAME, is_loss_writer
 from fsdptrace.store.run_dirs import launch_dirs
 
 _PART_FILE = re.compile(r"^part-.*\.parquet$")
@@ -334,6 +334,9 @@ def journal_segments(run_dir: Path, table: str, rank: int
     hot = journal_hot.hot_dir(journal, create=False)
     if hot is not None:
         found.update({(w, i): p for w, i, p in journal_read.segments(hot, table)})
+        # The loss markers name rows only the hot folder holds (``record.unwritten``): read
+        # here, they are not missing.
+        found = {key: path for key, path in found.items() if not is_loss_writer(key[0])}
     return found
 
 

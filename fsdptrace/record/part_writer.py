@@ -8,16 +8,22 @@ only stores rows into memory-mapped journal segments (in a private tmpfs folder,
 
 - every flush interval (or when asked): turn full segments into Parquet parts named by the
   segment range they hold, then copy the open segment's new bytes into ``RUN_DIR/journal/``,
-  so a reader on another host sees a hung rank's tail at most one interval late;
+  so a reader on another host sees a hung rank's tail at most one interval late, and say
+  there where that copy ends (``record.unwritten``: a rank killed with its writer reads as
+  incomplete from there, not as tables cut at different moments);
 - on ``close``: convert everything, compact each table to one part, answer ``done``;
 - when the recording process ends without ``close`` (SIGKILL, an abort, a segfault, a close cut
   short by a frozen filesystem): the same, so the run dir holds every row in plain Parquet;
   what it cannot write stays in the run dir's journal, which ``fsdptrace`` folds in.
+- when the run dir's disk is full (during the run, or only for the last conversion): nothing
+  written is deleted, the segments are moved into the run dir's journal as far as they fit,
+  and the rows that do not fit are said there (``record.unwritten``), so a reader of the run
+  dir alone reports those micro-steps incomplete instead of reading a cut-off rank.
 
-It ignores SIGINT, SIGTERM and SIGHUP and runs in its own session: the job's Ctrl-C or the
-scheduler's SIGTERM stop the training, and this process still has the tail to write. Its
-status reaches the recorder as lines on stdout: ``wrote BYTES``, ``error TYPE: MESSAGE``,
-``done``. Stdin carries ``flush`` and ``close``.
+The process around it (``record.writer_process``) ignores SIGINT, SIGTERM and SIGHUP and runs
+in its own session: the job's Ctrl-C or the scheduler's SIGTERM stop the training, and it
+still has the tail to write. Its status reaches the recorder as lines on stdout: ``wrote
+BYTES``, ``error TYPE: MESSAGE``, ``alive``, ``done``. Stdin carries ``flush`` and ``close``.
 
 A part is written under a hidden temporary name, renamed, and only then are its segments
 deleted: the reader skips segments a part covers and parts inside another part's range, so a
@@ -34,16 +40,15 @@ On start, it settles hot folders left on this host by recordings whose processes
 from __future__ import annotations
 
 import os
-import select
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdptrace.record import fatal, stack_dump
+from fsdptrace.record import unwritten
 from fsdptrace.store import journal_hot, journal_read, schema
+from fsdptrace.store.full_writes import write_all
 from fsdptrace.store.journal_format import (
     JOURNAL_DIR,
     RANGE_PART_FILE,
@@ -66,7 +71,9 @@ class PartWriter:
         self._paths: dict[tuple[str, int], Path] = {}  # where segments() found each segment
         # table -> last segment index turned into Parquet (by this writer id, in any process)
         self.converted: dict[str, int] = self._already_converted()
-        self.mirrored: dict[str, tuple[int, int]] = {}  # table -> (segment index, bytes copied)
+        # table -> (segment index, end of the bytes written there when last mirrored)
+        self.mirrored: dict[str, tuple[int, int]] = {}
+        self._marked: tuple[int, int] | None = None  # the position the run dir last got
         self.bytes_written = 0
         self.on_part: Callable[[int], None] = lambda size: None  # the process reports sizes
         self._schemas: dict[str, pa.Schema] = {}
@@ -116,31 +123,47 @@ class PartWriter:
         """One Parquet part per table holding the segments that filled since the last call.
 
         A segment is full once the recorder created the next one; ``final`` (closed, or the
-        recording process is gone) converts the open one too.
+        recording process is gone) converts the open one too. A table whose part cannot be
+        written keeps its segments, and the other tables are still converted (a full disk may
+        have room for a small part): the first failure is raised at the end.
         """
+        failure: Exception | None = None
         for name, indexes in self.segments().items():
-            done = self.converted.get(name, 0)
-            for index in indexes:
-                if index <= done:  # converted, its deletion cut short (a writer was killed)
-                    self._segment(name, index).unlink(missing_ok=True)
-                    self._cold_segment(name, index).unlink(missing_ok=True)
-            ready = [i for i in (indexes if final else indexes[:-1]) if i > done]
-            if not ready:
-                continue
-            paths = [self._segment(name, i) for i in ready]
-            data = pa.concat_tables([journal_read.read_segment(p, name) for p in paths])
-            self._write_part(name, data.cast(self._schema(name)), ready[0], ready[-1])
-            self.converted[name] = ready[-1]
-            for index, path in zip(ready, paths, strict=True):
-                path.unlink()
-                if self.segment_dir != self.journal_dir:
-                    self._cold_segment(name, index).unlink(missing_ok=True)
+            try:
+                self._convert_table(name, indexes, final=final)
+            except (OSError, pa.ArrowException) as error:
+                failure = failure or error
+        if failure is not None:
+            raise failure
+
+    def _convert_table(self, name: str, indexes: list[int], *, final: bool) -> None:
+        done = self.converted.get(name, 0)
+        for index in indexes:
+            if index <= done:  # converted, its deletion cut short (a writer was killed)
+                self._segment(name, index).unlink(missing_ok=True)
+                self._cold_segment(name, index).unlink(missing_ok=True)
+        ready = [i for i in (indexes if final else indexes[:-1]) if i > done]
+        if not ready:
+            return
+        paths = [self._segment(name, i) for i in ready]
+        data = pa.concat_tables([journal_read.read_segment(p, name) for p in paths])
+        self._write_part(name, data.cast(self._schema(name)), ready[0], ready[-1])
+        self.converted[name] = ready[-1]
+        for index, path in zip(ready, paths, strict=True):
+            path.unlink()
+            if self.segment_dir != self.journal_dir:
+                self._cold_segment(name, index).unlink(missing_ok=True)
 
     def mirror(self) -> None:
         """Copy each open segment's new bytes into the run dir's journal.
 
-        Bytes before what the last pass copied do not change once written (a row is complete
-        before the next begins), so each pass copies from a page below that on.
+        Bytes well before the end of what the last pass found written do not change (a row
+        is complete before the next begins), so each pass copies from a page below that end
+        on: a row being written then is copied again whole. (The end, not what was copied:
+        a pass copies a page of zeros past the end, and the rows written there since were
+        skipped by every later pass, a hole that read as rows never written.) A copy that
+        does not land whole (a short write: the disk had room for part of it) raises and
+        leaves the offset where it was; the bytes it did write are copied again next time.
         """
         if self.segment_dir == self.journal_dir:
             return
@@ -148,24 +171,29 @@ class PartWriter:
             index = indexes[-1]
             if self._segment(name, index).parent != self.segment_dir:
                 continue  # mapped in the run dir already (the hot folder was full)
-            seen, copied = self.mirrored.get(name, (0, 0))
-            start = copied - copied % _PAGE if seen == index else 0
+            seen, end = self.mirrored.get(name, (0, 0))
+            start = max(0, end - end % _PAGE - _PAGE) if seen == index else 0
             try:
                 with open(self._segment(name, index), "rb") as hot:
                     tail = hot.read() if not start else os.pread(hot.fileno(), 1 << 30, start)
             except FileNotFoundError:
                 continue
             used = journal_hot.used_length(tail)
-            if used:
-                fd = os.open(self._cold_segment(name, index), os.O_WRONLY | os.O_CREAT, 0o644)
-                try:
-                    os.pwrite(fd, tail[:used], start)
-                finally:
-                    os.close(fd)
-            self.mirrored[name] = (index, start + used)
+            if not used:
+                continue  # nothing written since (or at all)
+            fd = os.open(self._cold_segment(name, index), os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                write_all(fd, memoryview(tail)[:used], start)
+            finally:
+                os.close(fd)
+            self.mirrored[name] = (index, start + len(tail.rstrip(b"\0")))
 
     def compact(self) -> None:
-        """Merge each table's parts of this writer into one."""
+        """Merge each table's parts of this writer into one, where the disk has room.
+
+        Merging loses nothing when it fails: the parts stay as they are (a reader reads them
+        all), only the merged copy's temporary file goes. So a full disk here is no failure.
+        """
         for name in schema.TABLES:
             found = self._parts(name)
             # A part inside another's range is left from a compaction cut short: the reader
@@ -177,30 +205,47 @@ class PartWriter:
                     part[2].unlink(missing_ok=True)
             if len(parts) < 2:
                 continue
-            data = pa.concat_tables([pq.read_table(p).cast(self._schema(name))
-                                     for _, _, p in parts])
-            self._write_part(name, data, parts[0][0], max(last for _, last, _ in parts))
+            try:
+                data = pa.concat_tables([pq.read_table(p).cast(self._schema(name))
+                                         for _, _, p in parts])
+                self._write_part(name, data, parts[0][0], max(last for _, last, _ in parts))
+            except (OSError, pa.ArrowException):
+                continue  # the parts hold every row; only the merge did not fit
             for _, _, path in parts:
                 path.unlink()
 
     def flush(self) -> None:
-        """One pass of the loop: full segments into Parquet, the open ones mirrored."""
+        """One pass of the loop: full segments into Parquet, the open ones mirrored, then
+        where the run dir's copy ends said in it (``unwritten.mark_position``): every row
+        recorded before the pass began is there now."""
+        at = unwritten.position(self.segment_dir, self.writer_id) if (
+            self.segment_dir != self.journal_dir) else None
         self.convert(final=False)
         self.mirror()
+        if at is not None and at != self._marked:
+            unwritten.mark_position(self.run_dir, rank=self.rank, writer=self.writer_id,
+                                    hot=self.segment_dir, position=at)
+            self._marked = at
 
     def finish(self) -> None:
         """Everything into Parquet, one part per table; the hot folder removed if empty."""
         self.convert(final=True)
         self.compact()
         journal_hot.release_room(self.journal_dir, self.writer_id)
+        unwritten.forget(self.run_dir, rank=self.rank, writer=self.writer_id)
         if self.segment_dir != self.journal_dir:
             journal_hot.remove_if_empty(self.segment_dir)
 
-    def salvage(self) -> None:
-        """Whatever could not become Parquet: the segments themselves, into the run dir."""
-        if self.segment_dir != self.journal_dir:
-            journal_hot.salvage(self.segment_dir, self.journal_dir, self.writer_id)
-        journal_hot.release_room(self.journal_dir, self.writer_id)
+    def salvage(self, reason: str = "the run dir's filesystem refused a write") -> int:
+        """Whatever could not become Parquet: the segments themselves, into the run dir; what
+        does not fit there either is said in it (``record.unwritten``). Returns the number
+        of rows the run dir lacks."""
+        if self.segment_dir == self.journal_dir:
+            journal_hot.release_room(self.journal_dir, self.writer_id)
+            return 0  # every segment is in the run dir already
+        journal_hot.salvage(self.segment_dir, self.journal_dir, self.writer_id)
+        return unwritten.record_loss(self.run_dir, rank=self.rank, writer=self.writer_id,
+                                     hot=self.segment_dir, reason=reason)
 
     def _segment(self, table: str, index: int) -> Path:
         known = self._paths.get((table, index))
@@ -222,13 +267,20 @@ class PartWriter:
         return cached
 
     def _write_part(self, table_name: str, table: pa.Table, first: int, last: int) -> Path:
-        """Write one part atomically: a hidden temp name (hive readers skip dot-files), rename."""
+        """Write one part atomically: a hidden temp name (hive readers skip dot-files), rename.
+
+        A write that fails removes its temporary file: on a full disk it holds the last room.
+        """
         directory = self._partition(table_name)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / RANGE_PART_FILE.format(writer=self.writer_id, first=first, last=last)
         temp = path.with_name("." + path.name + schema.TEMP_SUFFIX)
-        pq.write_table(table, temp, compression="zstd")
-        os.replace(temp, path)
+        try:
+            pq.write_table(table, temp, compression="zstd")
+            os.replace(temp, path)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
         size = path.stat().st_size
         self.bytes_written += size
         self.on_part(size)
@@ -237,69 +289,3 @@ class PartWriter:
 
 def _segment_name(table: str, writer: str, index: int) -> str:
     return SEGMENT_FILE.format(table=table, writer=writer, index=index)
-
-
-def _say(line: str) -> None:
-    try:
-        os.write(1, (line.replace("\n", " ") + "\n").encode())
-    except OSError:
-        pass  # the recorder is gone: nobody to tell
-
-
-def _watch_parent(parent: int) -> int | None:
-    """A descriptor readable once ``parent`` has ended (Linux pidfd), or None: poll instead."""
-    try:
-        return os.pidfd_open(parent)
-    except (AttributeError, OSError):
-        return None
-
-
-def serve(writer: PartWriter, parent: int, interval_s: float, *, failed: bool = False) -> None:
-    """Write until told ``close`` or until the recording process ends; then finish.
-
-    After a failure nothing more is converted; at the end the segments go to the run dir's
-    journal if they can.
-    """
-    pidfd = _watch_parent(parent)
-    watched = [0] + ([pidfd] if pidfd is not None else [])
-    pending = b""
-    closing = parent_gone = False
-    next_pass = time.monotonic() + interval_s
-    while not (closing or parent_gone):
-        ready, _, _ = select.select(watched, [], [], max(0.0, next_pass - time.monotonic()))
-        flush = time.monotonic() >= next_pass
-        if 0 in ready:
-            chunk = os.read(0, 4096)
-            pending += chunk
-            if not chunk:  # the recorder's end of the pipe closed: it is going
-                watched.remove(0)
-                parent_gone = pidfd is None or not watched
-            *lines, pending = pending.split(b"\n")
-            closing = b"close" in lines
-            if b"flush" in lines and not failed:  # an optimizer boundary: parts, not mirrors
-                failed = not _attempt(lambda: writer.convert(final=False))
-        if pidfd is not None and pidfd in ready:
-            parent_gone = True
-        if pidfd is None and os.getppid() != parent:
-            parent_gone = True
-        if flush:
-            if not failed:
-                failed = not _attempt(writer.flush)
-            # Also after a failure: a pass time left in the past would spin this loop.
-            next_pass = time.monotonic() + interval_s
-            _say("alive")  # the recorder's supervision: silence means stopped or stuck
-    if failed or not _attempt(writer.finish):
-        writer.salvage()
-    stack_dump.drop_unused(writer.run_dir, writer.rank, parent)
-    fatal.drop_unused(writer.run_dir, writer.rank, parent)  # last: it removes an empty folder
-    _say("done")
-
-
-def _attempt(work: Callable[[], None]) -> bool:
-    """Run one pass; a failure is said once (the recorder disables itself) and not raised."""
-    try:
-        work()
-        return True
-    except Exception as error:  # noqa: BLE001 - said to the recorder, which warns once
-        _say(f"error {type(error).__name__}: {error}")
-        return False

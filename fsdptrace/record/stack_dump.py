@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from fsdptrace.errors import FsdptraceError
 from fsdptrace.record import flight_recorder
 from fsdptrace.store import fatal_signals, stack_dumps
+from fsdptrace.store.full_writes import write_all
 
 if TYPE_CHECKING:
     from fsdptrace.record.backends.base import RecorderView as Recorder
@@ -97,7 +98,7 @@ def install(rec: Recorder) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        os.write(fd, stack_dumps.LIVE_HEADER.format(
+        write_all(fd, stack_dumps.LIVE_HEADER.format(
             rank=rec.rank, pid=os.getpid(), host=socket.gethostname(), signal=signum,
             start=process_start(os.getpid()), main=threading.main_thread().ident or 0).encode())
     except OSError:
@@ -154,7 +155,7 @@ def on_signal(signum: int) -> None:
     line = stack_dumps.END_LINE.format(
         flight_recorder=saved.name if saved is not None else stack_dumps.NO_FLIGHT_RECORDER)
     with contextlib.suppress(OSError):
-        os.write(_fd, line.encode())
+        write_all(_fd, line.encode())
 
 
 def remove(rec: Recorder) -> None:

@@ -328,9 +328,17 @@ class ChunkWriter:
         return done and self._status.finished and not self.failed
 
     def _salvage_here(self) -> None:
+        """No writer process could finish: move the segments into the run dir's journal from
+        here, and say there which rows did not fit (``record.unwritten``)."""
         if self.segment_dir != self.journal_dir and not self._salvaged:
+            # Here only: it reads segments (numpy, pyarrow.compute), which training never needs.
+            from fsdptrace.record import unwritten
+
             self._salvaged = True
             try:
                 journal_hot.salvage(self.segment_dir, self.journal_dir, self.writer_id)
             except OSError:
                 pass  # they stay in the hot folder; the next sweep on this host moves them
+            unwritten.record_loss(self.run_dir, rank=self.rank, writer=self.writer_id,
+                                  hot=self.segment_dir,
+                                  reason="no writer process could write them")

@@ -31,6 +31,17 @@ RANGE_PART_FILE = "part-{writer}-{first:06d}-{last:06d}.parquet"
 RANGE_PART_NAME = re.compile(r"^part-(?P<writer>j[0-9_]+)-(?P<first>\d{6,})-(?P<last>\d{6,})"
                              r"\.parquet$")
 
+# The writer id of the loss markers a recording's writer writes when rows cannot reach the
+# run dir (``record.unwritten``): its own id with a suffix no recorder's id (``j<pid>_<ns>``)
+# has, so that a writer's segment listing never takes them for its own.
+LOSS_WRITER = "{writer}_0"
+
+
+def is_loss_writer(writer: str) -> bool:
+    """Whether ``writer`` (a segment name's) is a ``LOSS_WRITER`` id."""
+    return writer.count("_") == 2 and writer.endswith("_0")
+
+
 MAGIC = b"FSDPJNL2"
 HEADER = struct.Struct("<8sIIII")  # magic, kind, record size, data offset, vocabulary length
 KIND_FIXED, KIND_FRAMED = 1, 2

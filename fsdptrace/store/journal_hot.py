@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from fsdptrace.store.env import HOT_DIR_ENV
+from fsdptrace.store.full_writes import write_all
+from fsdptrace.store.journal_format import LOSS_WRITER
 from fsdptrace.store.run_mark import read_launch
 
 DEFAULT_HOT_ROOT = "/dev/shm"
@@ -40,11 +42,17 @@ OWNER_FILE = "owner.json"
 _MAX_OWNER_BYTES = 64 * 1024
 _PAGE = 4096
 _COPY_CHUNK = 1 << 20
-# Room a writer sets aside in its run dir journal for the markers (``reserve_room``): what
-# the markers recorded since the last mirror pass take, many times over.
+# Room a writer sets aside in its run dir journal (``reserve_room``): for its markers, what
+# the markers recorded since the last mirror pass take, many times over; for the markers that
+# say which rows did not fit (``record.unwritten``, under the ``LOSS_WRITER`` id), a few
+# hundred bytes per table. Each is written into its room's own blocks (``write_in_room``), so
+# no other writer on the same full disk can take that room first.
 RESERVE_FILE = ".reserve-{writer}"
-RESERVE_BYTES = 32 * 1024
-MARKERS_PREFIX = "markers-"
+RESERVE_BYTES = 24 * 1024
+LOSS_RESERVE_BYTES = 8 * 1024
+# Segments ``salvage`` copies first: the markers say where a rank's rows stop and how it
+# ended, meta and units make it a rank a reader can name; all three are small.
+FIRST_SALVAGED = ("markers-", "meta-", "units-")
 
 
 def hot_root() -> Path | None:
@@ -97,7 +105,7 @@ def claim(folder: Path, owner: dict[str, Any]) -> int | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         data = json.dumps(owner).encode()
-        os.pwrite(fd, data, 0)  # every claimer of a folder writes the same owner
+        write_all(fd, data, 0)  # every claimer of a folder writes the same owner
         os.ftruncate(fd, len(data))
         return fd
     except OSError:
@@ -152,39 +160,68 @@ def used_length(data: bytes | memoryview) -> int:
 
 
 def reserve_room(cold: Path, writer: str) -> None:
-    """Set aside ``RESERVE_BYTES`` of ``cold``'s disk for ``salvage``: when the run dir's disk
-    fills, the markers saying where the rank's rows stop and why still reach the run dir."""
-    try:
-        fd = os.open(cold / RESERVE_FILE.format(writer=writer), os.O_WRONLY | os.O_CREAT, 0o644)
+    """Set aside room on ``cold``'s disk for ``salvage`` and the loss markers: when the run
+    dir's disk fills, the markers saying where the rank's rows stop and why still reach it."""
+    for owner, size in ((writer, RESERVE_BYTES),
+                        (LOSS_WRITER.format(writer=writer), LOSS_RESERVE_BYTES)):
         try:
-            os.posix_fallocate(fd, 0, RESERVE_BYTES)
-        finally:
-            os.close(fd)
-    except OSError:
-        release_room(cold, writer)  # a disk already full: nothing to set aside
+            fd = os.open(cold / RESERVE_FILE.format(writer=owner), os.O_WRONLY | os.O_CREAT,
+                         0o644)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        except OSError:
+            release_room(cold, writer)  # a disk already full: nothing to set aside
+            return
 
 
-def release_room(cold: Path, writer: str) -> None:
-    """Give back what ``reserve_room`` set aside (at the end of a recording, or to salvage)."""
+def release_room(cold: Path, writer: str, *, loss_too: bool = True) -> None:
+    """Give back what ``reserve_room`` set aside (at the end of a recording, or to salvage);
+    ``loss_too=False`` keeps the loss markers' room (they are written last)."""
+    owners = (writer, LOSS_WRITER.format(writer=writer)) if loss_too else (writer,)
+    for owner in owners:
+        try:
+            (cold / RESERVE_FILE.format(writer=owner)).unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def write_in_room(cold: Path, owner: str, data: bytes, target: Path) -> bool:
+    """``data`` as ``target``, written into the blocks ``owner``'s room holds, which is then
+    renamed: nothing new is allocated. False (nothing written) if the room is gone or small."""
+    room = cold / RESERVE_FILE.format(writer=owner)
     try:
-        (cold / RESERVE_FILE.format(writer=writer)).unlink(missing_ok=True)
+        fd = os.open(room, os.O_WRONLY | os.O_NOFOLLOW)
     except OSError:
-        pass
+        return False
+    try:
+        if os.fstat(fd).st_size < len(data):
+            return False
+        write_all(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.replace(room, target)
+        return True
+    except OSError:
+        room.unlink(missing_ok=True)  # half overwritten: no room any more
+        return False
+    finally:
+        os.close(fd)
 
 
 def salvage(hot: Path, cold: Path, writer: str | None = None) -> int:
     """Copy every segment left in ``hot`` into ``cold`` (atomically each), then delete it.
 
-    Markers first, into the room ``reserve_room`` set aside (freed here): on a full disk they
-    are what says where the rows stop. A copy that fails leaves no partial file behind.
-    Returns the number of segments moved. A segment the writer already turned into Parquet is
-    harmless in ``cold``: the reader skips segments a part covers.
+    Markers, meta and units first; the first markers segment into the room ``reserve_room``
+    set aside, whose rest is freed for the others: on a full disk they are what says where
+    the rows stop. The loss markers' room is kept. A copy that fails leaves no partial file
+    behind. Returns the number of segments moved. A segment the writer already turned into
+    Parquet is harmless in ``cold``: the reader skips segments a part covers.
     """
-    if writer is not None:
-        release_room(cold, writer)
     moved = 0
-    for path in sorted(segment_files(hot, writer),
-                       key=lambda p: (not p.name.startswith(MARKERS_PREFIX), p.name)):
+    paths = sorted(segment_files(hot, writer),
+                   key=lambda p: (not p.name.startswith(FIRST_SALVAGED), p.name))
+    for at, path in enumerate(paths):
         try:
             data = path.read_bytes()
         except OSError:
@@ -192,17 +229,23 @@ def salvage(hot: Path, cold: Path, writer: str | None = None) -> int:
         data = data[:used_length(data)]
         try:
             cold.mkdir(parents=True, exist_ok=True)
-            _copy_segment(data, cold / path.name)
+            if not (at == 0 and writer is not None and path.name.startswith("markers-")
+                    and write_in_room(cold, writer, data, cold / path.name)):
+                if writer is not None:
+                    release_room(cold, writer, loss_too=False)
+                write_segment(data, cold / path.name)
             path.unlink()
             moved += 1
         except OSError:
             continue
+    if writer is not None:
+        release_room(cold, writer, loss_too=False)
     remove_if_empty(hot)
     return moved
 
 
-def _copy_segment(data: bytes, target: Path) -> None:
-    """``data`` as segment ``target``, atomically (by rename); a copy that fails leaves no
+def write_segment(data: bytes, target: Path) -> None:
+    """``data`` as segment ``target``, atomically (by rename); a write that fails leaves no
     partial file behind, which would hold the disk's last room."""
     temp = target.with_name(f".{target.name}.salvage")
     try:

@@ -11,6 +11,7 @@ import pandas as pd
 from fsdptrace.reading import endings, incomplete, unsharded
 from fsdptrace.reading.trace import Trace
 from fsdptrace.store import schema
+from fsdptrace.store.key_ranges import MAX_STEP
 from fsdptrace.views.rank_ranges import rank_ranges
 
 
@@ -108,8 +109,9 @@ def overview(trace: Trace) -> dict[str, object]:
 
 
 def losses(markers: pd.DataFrame, ranges: pd.DataFrame) -> dict[str, object]:
-    """Every kind of loss, counted: rows a schema-1 writer dropped, chunks and journal segments
-    the reader skipped as unreadable, ranks whose recording stopped (and where)."""
+    """Every kind of loss, counted: rows a schema-1 writer dropped or a writer could not get
+    into the run dir (``dropped_rows``), chunks and journal segments the reader skipped as
+    unreadable, ranks whose recording stopped (and where)."""
     num_dropped = num_skipped = 0
     if len(markers) and "kind" in markers:
         drops = markers[markers["kind"].astype(object) == schema.MARKER_DROPPED_ROWS]
@@ -164,19 +166,32 @@ def incomplete_per_rank(ranges: pd.DataFrame) -> pd.DataFrame:
     ``incomplete_ranges``: what summary and report print."""
     rows = []
     for rank, mine in ranges.groupby("rank", sort=True):
+        # A range to the rank's end (``MAX_STEP``: a killed rank's copy) is said as "N on".
+        open_ended = mine["last_step"].to_numpy() >= MAX_STEP
         steps = {s for first, last in zip(mine["first_step"], mine["last_step"], strict=True)
-                 for s in range(int(first), int(last) + 1)}
-        label = "step " if len(steps) == 1 else "steps "
+                 if last < MAX_STEP for s in range(int(first), int(last) + 1)}
+        label = "step " if len(steps) == 1 and not open_ended.any() else "steps "
+        since = int(mine["first_step"].to_numpy()[open_ended].min()) if open_ended.any() else None
+        steps = {s for s in steps if since is None or s < since}
         num_rows = int(mine["num_rows"].sum())
-        rows.append({"rank": int(rank), "steps": label + rank_ranges(sorted(steps)),
+        said = ", ".join([rank_ranges(sorted(steps))] * bool(steps)
+                         + [f"{since} on"] * (since is not None))
+        rows.append({"rank": int(rank), "steps": label + said,
                      "num_rows": num_rows, "tables": _tables(mine),
-                     "what": ", ".join(_WHAT[c].format(n=num_rows)
+                     "what": ", ".join(_what(c, num_rows)
                                        for c in incomplete.CAUSES if (mine["cause"] == c).any())})
     return pd.DataFrame(rows, columns=["rank", "steps", "num_rows", "tables", "what"])
 
 
 _WHAT = {incomplete.DROPPED: "dropped {n:,} rows", incomplete.UNREADABLE: "could not read a chunk",
+         incomplete.UNWRITTEN: "could not write {n:,} rows to its run dir",
          incomplete.ABORTED: "aborted a micro-step", incomplete.STOPPED: "stopped recording"}
+def _what(cause: str, num_rows: int) -> str:
+    if cause == incomplete.UNWRITTEN and not num_rows:  # where a killed rank's copy ended
+        return "has rows its run dir may lack (they were not copied there yet)"
+    return _WHAT[cause].format(n=num_rows)
+
+
 _EVERY_TABLE = {incomplete.ABORTED: "every table: aborted", incomplete.STOPPED:
                 "every table: recording stopped"}
 

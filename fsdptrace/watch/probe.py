@@ -30,6 +30,7 @@ from fsdptrace.store.journal_format import (
     MAGIC,
     MAX_FRAME_BYTES,
     SEGMENT_NAME,
+    is_loss_writer,
 )
 from fsdptrace.store.journal_read import fixed_dtype, loads_flat
 
@@ -233,8 +234,8 @@ class Probe:
                 continue
             for name in names:
                 match = SEGMENT_NAME.match(name)
-                if match is None:
-                    continue
+                if match is None or is_loss_writer(match["writer"]):
+                    continue  # a writer's note of rows not copied yet: no progress of the rank
                 key, index = (match["table"], match["writer"]), int(match["index"])
                 if key not in newest or index >= newest[key][0]:
                     newest[key] = (index, os.path.join(folder, name), is_hot)

@@ -14,7 +14,9 @@ writer process(es), and the number of steps trained. Cases:
 - ``stop-writer``: rank 1 SIGSTOPs its writer process at the start of step 5 (whoever runs
   the job sends SIGCONT; the pid is in the report);
 - ``hang``: after step 3 both ranks write their pids and sleep, for the test to SIGKILL the
-  ranks together with their writer processes (as a cgroup or OOM kill takes a whole job).
+  ranks together with their writer processes (as a cgroup or OOM kill takes a whole job);
+- ``run-on``: the same pids after step 3, but the ranks train on (``--steps``), for the test
+  to kill them with their writers mid-training, the run dir's copy some way behind.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--case", required=True,
-                        choices=["clean", "kill-writer", "stop-writer", "hang"])
+                        choices=["clean", "kill-writer", "stop-writer", "hang", "run-on"])
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     warnings.simplefilter("always")
@@ -86,10 +88,10 @@ def main() -> int:
                     time.sleep(0.5)  # it is dead before the next boundary looks
                 if args.case == "stop-writer" and rank == 1 and step == KILL_STEP:
                     os.kill(writers[0], signal.SIGSTOP)
-                if args.case == "hang" and step == HANG_AFTER_STEP:
+                if args.case in ("hang", "run-on") and step == HANG_AFTER_STEP:
                     _wait_for_writer(rec)
                     _report(report, pid=os.getpid(), writers=[_writer_pid(rec)], steps=step)
-                    while True:
+                    while args.case == "hang":
                         time.sleep(1)
                 model(torch.randn(4, plain_train.DIM, generator=generator)).pow(2).mean(
                     ).backward()
