@@ -32,6 +32,9 @@ def test_bulk_reads_equal_per_parameter_reads_in_every_gradient_state(tmp_path: 
                 assert point["tokens_agree"], where
                 assert point["bulk_sources_agree"], where
                 assert point["bulk_tokens_agree"], where
+                assert point["kept_sources_agree"], where
+                assert point["kept_tokens_agree"], where
+                assert point["kept_used"] and point["reset_forgets"], where
                 if "written_by_token" in point:
                     assert point["written_by_token"] == point["written_by_presence"], where
                     assert any(point["written_by_token"]), where

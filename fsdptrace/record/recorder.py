@@ -27,6 +27,7 @@ from fsdptrace import schema
 from fsdptrace.errors import LifecycleError
 from fsdptrace.record import flight_recorder, guards, hooks, optimizer_boundary, snapshots
 from fsdptrace.record.backends.base import Backend, Unit
+from fsdptrace.record.boundary_rows import BoundaryRows
 from fsdptrace.record.journal import FixedTable
 from fsdptrace.record.steps import parse_steps
 from fsdptrace.record.writer import (
@@ -115,7 +116,9 @@ class Recorder:
         # (step, tokens per unit) taken at the step's first micro-step (``grads_written``).
         self.grad_baseline: tuple[int, list[list[object]]] | None = None
         self.live_events: list[tuple] | None = [] if raise_on_violation else None
-        # The last boundary snapshot's rows (schema.GRADIENTS / schema.PENDING order).
+        # The last boundary snapshot's rows (schema.GRADIENTS / schema.PENDING order), kept
+        # for the live checks only; ``boundary_rows`` encodes the stored ones.
+        self.boundary_rows = BoundaryRows(self.unit_names)
         self.boundary_gradients: list[tuple] = []
         self.boundary_pending: list[tuple] = []
         self.boundary_written: list[tuple] = []

@@ -109,11 +109,12 @@ def grad_token(fsdp_param: Any) -> object:
     kept = unsharded.grad if unsharded is not None else None
     accumulated = getattr(fsdp_param, "unsharded_accumulated_grad", None)
     if kept is None and accumulated is None:  # between steps, the common case: one gradient
-        return _token(sharded)
-    return _token(sharded), _token(kept), _token(accumulated)
+        return token_of(sharded)
+    return token_of(sharded), token_of(kept), token_of(accumulated)
 
 
-def _token(grad: Any) -> tuple[int, int, int] | None:
+def token_of(grad: Any) -> tuple[int, int, int] | None:
+    """One gradient's part of a token: its id and versions (wrapper and local tensor)."""
     if grad is None:
         return None
     local = getattr(grad, "_local_tensor", None)
