@@ -113,8 +113,9 @@ class Recorder:
             "unit": self.unit_names, "grad_mode": schema.GRAD_MODES})
         self.last_settings: list[tuple[object, ...] | None] = [None] * len(self.units)
         self.settings_key: object = None  # the backend's raw settings at the last check
-        # (step, tokens per unit) taken at the step's first micro-step (``grads_written``).
-        self.grad_baseline: tuple[int, list[list[object]]] | None = None
+        # (step, tokens per unit, positions of the units holding any) taken at the step's
+        # first micro-step (``grads_written``).
+        self.grad_baseline: tuple[int, list[list[object]], list[int]] | None = None
         self.live_events: list[tuple] | None = [] if raise_on_violation else None
         # The last boundary snapshot's rows (schema.GRADIENTS / schema.PENDING order), kept
         # for the live checks only; ``boundary_rows`` encodes the stored ones.

@@ -63,7 +63,7 @@ def record_boundary(rec: Recorder) -> None:
     """
     backend = rec.backend
     step, micro_step = rec.step, rec.micro_step
-    baseline = rec.grad_baseline[1] if rec.grad_baseline and rec.grad_baseline[0] == step else None
+    baseline = rec.grad_baseline if rec.grad_baseline and rec.grad_baseline[0] == step else None
     presences = backend.all_gradients(rec.units)
     # By position, not over ``rec.units``: touching every ``Unit`` costs ~1 µs each after a
     # backward at 256 units; only units with something to write are looked at.
@@ -76,18 +76,20 @@ def record_boundary(rec: Recorder) -> None:
     written: dict[int, list[bool]] = {}  # units whose baseline held a gradient: token compared
     written_payload = b"[]"  # no rows when the step's start was not recorded
     if baseline is not None:
-        for index, before in enumerate(baseline):
-            if before.count(None) != len(before):
-                now = backend.grad_tokens(rec.units[index])
-                written[index] = [b != n for b, n in zip(before, now, strict=False)]
+        _, tokens, held_at_start = baseline
+        for index in held_at_start:
+            now = backend.grad_tokens(rec.units[index])
+            written[index] = [b != n for b, n in zip(tokens[index], now, strict=False)]
         if written:
             names = rec.unit_names
-            all_held = [t for index, presence in enumerate(presences) for t in (
-                boundary_rows.written_tails(names[index], presence, written[index])
-                if index in written else held[index])]
-        written_payload = boundary_rows.join_rows(step, micro_step, all_held)
-    _framed(rec, "gradients").extend_json(boundary_rows.join_rows(step, micro_step,
-                                                                  gradient_tails))
+            written_payload = boundary_rows.join_rows(step, micro_step, [
+                t for index, presence in enumerate(presences) for t in (
+                    boundary_rows.written_tails(names[index], presence, written[index])
+                    if index in written else held[index])])
+        else:
+            written_payload = boundary_rows.rows_of(step, micro_step, all_held)
+    _framed(rec, "gradients").extend_json(boundary_rows.rows_of(step, micro_step,
+                                                                gradient_tails))
     rec.writer.buffer("pending").extend(pending)
     _framed(rec, "grads_written").extend_json(written_payload)
     if rec.raise_on_violation:
@@ -121,7 +123,12 @@ def _keep_rows(rec: Recorder, presences: list[list[GradientPresence]], pending: 
 def take_grad_baseline(rec: Recorder) -> None:
     """Every managed parameter's gradient token, at the step's first micro-step begin: after
     the previous step's ``zero_grad``, before anything of this step can write a gradient."""
-    rec.grad_baseline = (rec.step, rec.backend.all_grad_tokens(rec.units))
+    tokens = rec.backend.all_grad_tokens(rec.units)
+    # Which units hold a gradient, found while the lists are fresh: the boundary then looks
+    # at those units only (usually none: ``zero_grad()`` drops every gradient).
+    held = [index for index, unit_tokens in enumerate(tokens)
+            if unit_tokens.count(None) != len(unit_tokens)]
+    rec.grad_baseline = (rec.step, tokens, held)
 
 
 def setting_text(value: object) -> str | None:

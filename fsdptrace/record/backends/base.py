@@ -183,7 +183,7 @@ class RecorderView(Protocol):
     writer: ChunkWriter
     last_settings: list[tuple[object, ...] | None]
     settings_key: object
-    grad_baseline: tuple[int, list[list[object]]] | None
+    grad_baseline: tuple[int, list[list[object]], list[int]] | None
     live_events: list[tuple] | None
     raise_on_violation: bool
     boundary_rows: BoundaryRows
