@@ -133,11 +133,17 @@ def cached_sources(objects: ParamObjects) -> list[tuple[bool, str]]:
             for s, k, a in zip(sharded, kept, accumulated, strict=True)]
 
 
-def cached_tokens(objects: ParamObjects) -> list[object]:
-    """``tokens`` of ``objects.fsdp_params``, reading the kept parameter objects."""
+def cached_tokens(objects: ParamObjects, *, none_kept: bool = False) -> list[object]:
+    """``tokens`` of ``objects.fsdp_params``, reading the kept parameter objects.
+
+    ``none_kept``: no parameter can hold an unsharded or accumulated gradient
+    (``KeptObjects.none_kept``), so only the sharded ones are read."""
     with _no_subclass_dispatch():
         sharded = list(map(_grad, objects.sharded))
-        kept, accumulated = _read_kept(objects)
+        if none_kept:
+            kept = accumulated = [None] * len(sharded)
+        else:
+            kept, accumulated = _read_kept(objects)
         if _all_none(sharded) and _all_none(kept) and _all_none(accumulated):
             return sharded
         # grads.grad_token's answer from the gradients read above (the same objects).
@@ -166,9 +172,16 @@ class KeptObjects:
     def __init__(self) -> None:
         self.watching = False
         self.objects: ParamObjects | None = None
+        # ids of the parameter groups that may keep unsharded or accumulated gradients: every
+        # group until its post-backward is seen to clear them (``note``).
+        self.keeping: set[int] = set()
 
-    def watch(self, fsdp_params: Sequence[Any]) -> list[Any]:
-        """Patches to remove when recording stops; none where torch has no such method."""
+    def watch(self, fsdp_params: Sequence[Any], groups: Sequence[Any] = ()) -> list[Any]:
+        """Patches to remove when recording stops; none where torch has no such method.
+
+        ``groups``: the parameter groups whose post-backwards call ``note``; until the first
+        of each, they count as keeping gradients."""
+        self.keeping = {id(g) for g in groups} or {0}  # none watched: never none kept
         if not all(callable(getattr(p, "reset_sharded_param", None)) for p in fsdp_params):
             return []
         patches: list[Any] = [InstanceAttributePatch(p, {"reset_sharded_param": _then_reset(
@@ -179,6 +192,20 @@ class KeptObjects:
 
     def forget(self) -> None:
         self.objects = None
+
+    def note(self, group: Any, may_keep: bool) -> None:
+        """Around each post-backward of ``group`` (``grads.install``): may it keep unsharded
+        or accumulated gradients now? Those are FSDP2's own, written only in a backward
+        whose post-backwards run again, so once no group may keep any, the step's baseline
+        reads only the sharded gradients (~0.6 ms fewer cold reads at 256 units)."""
+        if may_keep:
+            self.keeping.add(id(group))
+        else:
+            self.keeping.discard(id(group))
+
+    @property
+    def none_kept(self) -> bool:
+        return not self.keeping
 
     def objects_of(self, fsdp_params: list[Any]) -> ParamObjects | None:
         """The objects behind ``fsdp_params``; None when not watched (read through them)."""
@@ -200,6 +227,7 @@ class _StopWatching:
     def remove(self) -> None:
         self.kept.watching = False
         self.kept.objects = None
+        self.kept.keeping = {0}
 
 
 def _then_reset(earlier: Callable[..., Any], on_reset: Callable[[], None]

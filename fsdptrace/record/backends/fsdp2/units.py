@@ -192,8 +192,8 @@ class FSDP2Backend:
     def all_grad_tokens(self, units: Sequence[Unit]) -> list[list[object]]:
         fsdp_params, _, counts = self._all_params(units)
         objects = self._kept.objects_of(fsdp_params)
-        return _split(grad_reads.tokens(fsdp_params) if objects is None
-                      else grad_reads.cached_tokens(objects), counts)
+        return _split(grad_reads.tokens(fsdp_params) if objects is None else
+                      grad_reads.cached_tokens(objects, none_kept=self._kept.none_kept), counts)
 
     def _all_params(self, units: Sequence[Unit]) -> tuple[list[Any], list[_Answers], list[int]]:
         """Every unit's ``FSDPParam``s and answers in one list, and each unit's count; built
@@ -247,7 +247,8 @@ class FSDP2Backend:
 
     def install_backward_grads(self, rec: Recorder) -> list[Any]:
         managed = [p for unit in rec.units for p in params.managed_params(unit.handle)]
-        return [*grads.install(rec), *self._kept.watch(managed)]
+        groups = [g for unit in rec.units for g in param_groups(unit.handle)]
+        return [*grads.install(rec, self._kept.note), *self._kept.watch(managed, groups)]
 
     def _params_of(self, unit: Unit) -> list[tuple[Any, _Answers]]:
         cached = self._labelled_params.get(unit.index)
