@@ -73,6 +73,14 @@ def compare(model: nn.Module, point: str, baseline: list[object] | None, *,
         "sources_agree": fast_sources == slow_sources, "tokens_agree": fast_tokens == slow_tokens,
         **_bulk_agrees(model, reset=reset),
     }
+    # The baseline's shortcut: where every group's post-backward cleared what it keeps
+    # (``grads.clears_kept``), the sharded gradients alone give every token.
+    groups = [g for m in model.modules() if hasattr(m, "_get_fsdp_state")
+              for g in param_groups(m._get_fsdp_state())]
+    result["groups_cleared"] = all(grads.clears_kept(g) for g in groups)
+    if result["groups_cleared"]:
+        result["none_kept_agrees"] = grad_reads.cached_tokens(
+            grad_reads.ParamObjects(params), none_kept=True) == slow_tokens
     if baseline is not None:
         # The boundary's shortcut: with no gradient at the baseline, written == has_grad.
         by_token = [b != n for b, n in zip(baseline, slow_tokens, strict=True)]
