@@ -63,7 +63,7 @@ def _timed(samples: list[float], fn: Callable[..., Any]) -> Callable[..., Any]:
 
 # What the two snapshots call, timed with ``--breakdown``: the backend's reads and the rows'
 # writes into the journal (JSON frames); the rest is the snapshots' own row building.
-BACKEND_READS = ("all_gradients", "pending_all_gathers", "all_grad_tokens")
+BACKEND_READS = ("all_gradients", "all_pending_all_gathers", "all_grad_tokens")
 JOURNAL_WRITES = ("gradients", "pending", "grads_written")
 
 
@@ -76,7 +76,11 @@ def _time_parts(rec: Any, samples: dict[str, list[float]]) -> None:
     for table in JOURNAL_WRITES:
         buffer = rec.writer.buffer(table)
         samples[f"journal {table}"] = []
-        buffer.extend = _timed(samples[f"journal {table}"], buffer.extend)
+        # Rows come as tuples (``extend``) or already encoded (``extend_json``).
+        for method in ("extend", "extend_json"):
+            if hasattr(buffer, method):
+                setattr(buffer, method, _timed(samples[f"journal {table}"],
+                                               getattr(buffer, method)))
 
 
 def measure(num_units: int, steps: int, run_dir: Path, *, breakdown: bool = False

@@ -303,7 +303,7 @@ def test_boundary_breakdown_runs(tmp_path: Path) -> None:
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip()
             for line in result.stdout.splitlines() if line.startswith("| backend.")
             or line.startswith("| journal ")}
-    assert set(rows) == {"backend.all_gradients", "backend.pending_all_gathers",
+    assert set(rows) == {"backend.all_gradients", "backend.all_pending_all_gathers",
                          "backend.all_grad_tokens", "journal gradients", "journal pending",
                          "journal grads_written"}
     assert all(float(value) > 0 for value in rows.values()), rows

@@ -188,7 +188,16 @@ class FramedTable:
     def extend(self, rows: Iterable[tuple]) -> None:
         if self.segments.abandoned:  # a forked child: its copy of the lock may never be freed
             return
-        payload = json.dumps(list(rows), separators=(",", ":")).encode()
+        self._write(json.dumps(list(rows), separators=(",", ":")).encode())
+
+    def extend_json(self, payload: bytes) -> None:
+        """``extend`` with the rows already encoded: ``payload`` is the JSON list of rows that
+        ``extend`` would write (the boundary joins rows from encodings it keeps)."""
+        if self.segments.abandoned:
+            return
+        self._write(payload)
+
+    def _write(self, payload: bytes) -> None:
         need = len(payload) + 2 * FRAME.size
         with self._lock:
             if self._pos + need > self._end - self._reserve and not self._roll(need):

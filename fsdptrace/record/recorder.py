@@ -26,6 +26,7 @@ import torch.nn as nn
 from fsdptrace.errors import LifecycleError
 from fsdptrace.record import flight_recorder, guards, hooks, optimizer_boundary, snapshots
 from fsdptrace.record.backends.base import Backend, Unit
+from fsdptrace.record.boundary_rows import BoundaryRows
 from fsdptrace.record.journal import FixedTable
 from fsdptrace.record.writer import (
     DEFAULT_CLOSE_TIMEOUT_S,
@@ -112,10 +113,13 @@ class Recorder:
             "unit": self.unit_names, "grad_mode": schema.GRAD_MODES})
         self.last_settings: list[tuple[object, ...] | None] = [None] * len(self.units)
         self.settings_key: object = None  # the backend's raw settings at the last check
-        # (step, tokens per unit) taken at the step's first micro-step (``grads_written``).
-        self.grad_baseline: tuple[int, list[list[object]]] | None = None
+        # (step, tokens per unit, positions of the units holding any) taken at the step's
+        # first micro-step (``grads_written``).
+        self.grad_baseline: tuple[int, list[list[object]], list[int]] | None = None
         self.live_events: list[tuple] | None = [] if raise_on_violation else None
-        # The last boundary snapshot's rows (schema.GRADIENTS / schema.PENDING order).
+        # The last boundary snapshot's rows (schema.GRADIENTS / schema.PENDING order), kept
+        # for the live checks only; ``boundary_rows`` encodes the stored ones.
+        self.boundary_rows = BoundaryRows(self.unit_names)
         self.boundary_gradients: list[tuple] = []
         self.boundary_pending: list[tuple] = []
         self.boundary_written: list[tuple] = []

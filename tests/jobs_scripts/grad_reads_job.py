@@ -7,7 +7,8 @@ one, after ``zero_grad(set_to_none=False)`` and after ``zero_grad()``. At each, 
 parameter's presence and token are read both ways (``grad_reads`` and the reads the backend
 made before it), and so is the boundary's ``grads_written`` for a baseline of that state.
 The backend's reads of all units at once (``all_gradients``/``all_grad_tokens``, what the
-boundary and the baseline call) are compared with its per-unit ones, too.
+boundary and the baseline call) are compared with its per-unit ones, too, also with the
+parameter objects kept as a recorder's backend keeps them.
 Each rank writes ``result.rank<r>.json``.
 """
 
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import DIM, Block  # noqa: E402
 
 from fsdptrace.record.backends.fsdp2 import grad_reads, grads  # noqa: E402
+from fsdptrace.record.backends.fsdp2.params import managed_params  # noqa: E402
 from fsdptrace.record.backends.fsdp2.state import param_groups  # noqa: E402
 from fsdptrace.record.backends.fsdp2.units import FSDP2Backend  # noqa: E402
 
@@ -61,15 +63,24 @@ def fsdp_params(model: nn.Module) -> list[Any]:
             for g in param_groups(m._get_fsdp_state()) for p in getattr(g, "fsdp_params", ())]
 
 
-def compare(model: nn.Module, point: str, baseline: list[object] | None) -> dict[str, Any]:
+def compare(model: nn.Module, point: str, baseline: list[object] | None, *,
+            reset: bool = False) -> dict[str, Any]:
     params = fsdp_params(model)
     fast_sources, slow_sources = grad_reads.sources(params), [reference_source(p) for p in params]
     fast_tokens, slow_tokens = grad_reads.tokens(params), [grads.grad_token(p) for p in params]
     result: dict[str, Any] = {
         "point": point, "sources": [s for _, s in slow_sources],
         "sources_agree": fast_sources == slow_sources, "tokens_agree": fast_tokens == slow_tokens,
-        **_bulk_agrees(model),
+        **_bulk_agrees(model, reset=reset),
     }
+    # The baseline's shortcut: where every group's post-backward cleared what it keeps
+    # (``grads.clears_kept``), the sharded gradients alone give every token.
+    groups = [g for m in model.modules() if hasattr(m, "_get_fsdp_state")
+              for g in param_groups(m._get_fsdp_state())]
+    result["groups_cleared"] = all(grads.clears_kept(g) for g in groups)
+    if result["groups_cleared"]:
+        result["none_kept_agrees"] = grad_reads.cached_tokens(
+            grad_reads.ParamObjects(params), none_kept=True) == slow_tokens
     if baseline is not None:
         # The boundary's shortcut: with no gradient at the baseline, written == has_grad.
         by_token = [b != n for b, n in zip(baseline, slow_tokens, strict=True)]
@@ -78,13 +89,33 @@ def compare(model: nn.Module, point: str, baseline: list[object] | None) -> dict
     return result
 
 
-def _bulk_agrees(model: nn.Module) -> dict[str, bool]:
-    """The backend's one read over all units against its reads unit by unit."""
+def _bulk_agrees(model: nn.Module, *, reset: bool) -> dict[str, bool]:
+    """The backend's one read over all units against its reads unit by unit; and the same
+    with the parameter objects kept (what a recorder's backend does), read twice (the second
+    answers from what the first kept), and, with ``reset`` (parameters sharded, as FSDP2
+    resets them), dropped by a ``reset_sharded_param``."""
     backend = FSDP2Backend()
     units = backend.discover_units([model])
     per_unit = [backend.gradients(u) for u in units], [backend.grad_tokens(u) for u in units]
+    kept = FSDP2Backend()
+    kept_units = kept.discover_units([model])
+    patches = kept._kept.watch([p for u in kept_units for p in managed_params(u.handle)])
+    try:
+        reads = [(kept.all_gradients(kept_units), kept.all_grad_tokens(kept_units))
+                 for _ in range(2)]
+        first = kept._kept.objects.fsdp_params[0] if kept._kept.objects else None
+        if reset and first is not None:
+            first.reset_sharded_param()
+        reset_forgets = not reset or (first is not None and kept._kept.objects is None)
+        reads.append((kept.all_gradients(kept_units), kept.all_grad_tokens(kept_units)))
+    finally:
+        for patch in patches:
+            patch.remove()
     return {"bulk_sources_agree": backend.all_gradients(units) == per_unit[0],
-            "bulk_tokens_agree": backend.all_grad_tokens(units) == per_unit[1]}
+            "bulk_tokens_agree": backend.all_grad_tokens(units) == per_unit[1],
+            "kept_sources_agree": all(r[0] == per_unit[0] for r in reads),
+            "kept_tokens_agree": all(r[1] == per_unit[1] for r in reads),
+            "kept_used": bool(patches), "reset_forgets": reset_forgets}
 
 
 def run(mixed: bool) -> list[dict[str, Any]]:
@@ -107,7 +138,7 @@ def run(mixed: bool) -> list[dict[str, Any]]:
             p.grad.zero_()
     out.append(compare(model, "after zero_grad(set_to_none=False)", None))
     model.zero_grad()
-    out.append(compare(model, "after zero_grad()", None))
+    out.append(compare(model, "after zero_grad()", None, reset=True))
     return out
 
 

@@ -18,6 +18,7 @@ import torch.nn as nn
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from fsdptrace.record.boundary_rows import BoundaryRows
     from fsdptrace.record.writer import ChunkWriter
 
 
@@ -105,11 +106,18 @@ class Backend(Protocol):
 
     def all_gradients(self, units: Sequence[Unit]) -> list[list[GradientPresence]]:
         """``gradients`` of every unit, in one call: the boundary reads them all at once, and a
-        call per unit costs more than the reads themselves (~10 µs a unit on a busy box)."""
+        call per unit costs more than the reads themselves (~10 µs a unit on a busy box).
+
+        The lists may be the ones the last call returned, when nothing changed: callers
+        read them and never change them."""
         ...
 
     def all_grad_tokens(self, units: Sequence[Unit]) -> list[list[object]]:
         """``grad_tokens`` of every unit, in one call (the step's baseline)."""
+        ...
+
+    def all_pending_all_gathers(self, units: Sequence[Unit]) -> list[list[PendingAllGather]]:
+        """``pending_all_gathers`` of every unit, in one call (the boundary)."""
         ...
 
     def settings_row(self, unit: Unit) -> tuple[object, ...]:
@@ -175,8 +183,10 @@ class RecorderView(Protocol):
     writer: ChunkWriter
     last_settings: list[tuple[object, ...] | None]
     settings_key: object
-    grad_baseline: tuple[int, list[list[object]]] | None
+    grad_baseline: tuple[int, list[list[object]], list[int]] | None
     live_events: list[tuple] | None
+    raise_on_violation: bool
+    boundary_rows: BoundaryRows
     boundary_gradients: list[tuple]
     boundary_pending: list[tuple]
     boundary_written: list[tuple]

@@ -160,6 +160,9 @@ class HSDPBackend:
     def all_grad_tokens(self, units: Sequence[Unit]) -> list[list[object]]:
         return [self.grad_tokens(unit) for unit in units]
 
+    def all_pending_all_gathers(self, units: Sequence[Unit]) -> list[list[PendingAllGather]]:
+        return [self.pending_all_gathers(unit) for unit in units]
+
     def pending_all_gathers(self, unit: Unit) -> list[PendingAllGather]:
         """Issued all-gathers not consumed, from both layouts, and parameters left unsharded."""
         state = getattr(unit.handle, "hsdp_state", None)

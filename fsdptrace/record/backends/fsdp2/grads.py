@@ -39,20 +39,25 @@ group_settings = operator.attrgetter("reduce_grads", "all_reduce_grads",
                                       "reshard_after_backward", "reduce_scatter_unused_params")
 
 
-def install(rec: Recorder) -> list[InstanceAttributePatch]:
+# Told, around each group's post-backward, whether the group may now keep unsharded or
+# accumulated gradients: (group, may_keep). See ``grad_reads.KeptObjects.note``.
+OnKept = Callable[[Any, bool], None]
+
+
+def install(rec: Recorder, on_kept: OnKept | None = None) -> list[InstanceAttributePatch]:
     """Wrap ``post_backward`` of every parameter group of every unit."""
     patches = []
     for unit in rec.units:
         first = 0
         for group in param_groups(unit.handle):
-            patches.append(InstanceAttributePatch(
-                group, {"post_backward": _wrap_post_backward(rec, unit.index, first, group)}))
+            patches.append(InstanceAttributePatch(group, {
+                "post_backward": _wrap_post_backward(rec, unit.index, first, group, on_kept)}))
             first += len(getattr(group, "fsdp_params", ()))
     return patches
 
 
-def _wrap_post_backward(rec: Recorder, unit: int, first: int, group: Any
-                        ) -> Callable[..., Any]:
+def _wrap_post_backward(rec: Recorder, unit: int, first: int, group: Any,
+                        on_kept: OnKept | None) -> Callable[..., Any]:
     earlier, cls = group.__dict__.get("post_backward"), type(group)
     fsdp_params = list(getattr(group, "fsdp_params", ()))
     kept: list[tuple[int, int, int] | None] = [None] * len(fsdp_params)
@@ -67,11 +72,24 @@ def _wrap_post_backward(rec: Recorder, unit: int, first: int, group: Any
                 rec.record_backward_grads(unit, first, states, via)
             except Exception as error:
                 rec.disable(f"backward gradients failed: {type(error).__name__}: {error}")
-        if earlier is not None:
-            return earlier(*args)
-        return cls.post_backward(group, *args)
+        if on_kept is None:
+            return earlier(*args) if earlier is not None else cls.post_backward(group, *args)
+        on_kept(group, True)  # until it has returned (it may raise)
+        result = earlier(*args) if earlier is not None else cls.post_backward(group, *args)
+        on_kept(group, not clears_kept(group))
+        return result
 
     return post_backward
+
+
+def clears_kept(group: Any) -> bool:
+    """Whether a post-backward of ``group`` that returned left no unsharded or accumulated
+    gradient: a reducing one hands them all to the reduce-scatter and sets them to None
+    (torch 2.13 ``FSDPParamGroup.post_backward``), and a resharding one leaves the sharded
+    parameters on the modules, so no later autograd pass can write an unsharded gradient
+    without FSDP2's hooks (and so this wrapper) running again."""
+    return (getattr(group, "reduce_grads", None) is True
+            and getattr(group, "reshard_after_backward", None) is True)
 
 
 def param_states(fsdp_params: list[Any], kept: list[tuple[int, int, int] | None], step: int,
@@ -109,11 +127,12 @@ def grad_token(fsdp_param: Any) -> object:
     kept = unsharded.grad if unsharded is not None else None
     accumulated = getattr(fsdp_param, "unsharded_accumulated_grad", None)
     if kept is None and accumulated is None:  # between steps, the common case: one gradient
-        return _token(sharded)
-    return _token(sharded), _token(kept), _token(accumulated)
+        return token_of(sharded)
+    return token_of(sharded), token_of(kept), token_of(accumulated)
 
 
-def _token(grad: Any) -> tuple[int, int, int] | None:
+def token_of(grad: Any) -> tuple[int, int, int] | None:
+    """One gradient's part of a token: its id and versions (wrapper and local tensor)."""
     if grad is None:
         return None
     local = getattr(grad, "_local_tensor", None)
