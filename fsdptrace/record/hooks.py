@@ -35,8 +35,8 @@ def _make_unit_pre(rec: Recorder, unit: Any) -> Callable[..., None]:
 
     def unit_forward_pre_hook(module: Any, args: Any) -> None:
         try:
-            if rec._recording:
-                if rec._in_eval:
+            if rec.recording:
+                if rec.in_eval:
                     rec.record_eval(index)
                 # Recompute re-enters forward during backward; it is not forward order.
                 elif not is_recompute(unit):
@@ -56,7 +56,7 @@ def _make_unit_post(rec: Recorder, unit: Any) -> Callable[..., None]:
         try:
             if skip_in_recompute and is_recompute(unit):
                 return
-            if rec._recording and not rec._in_eval:
+            if rec.recording and not rec.in_eval:
                 # Registered during reentrant recompute too: there the recomputed outputs
                 # are the ones whose gradients fire.
                 _watch_backward_begin(rec, index, _grad_tensors(output))
@@ -82,7 +82,7 @@ def _watch_backward_begin(rec: Recorder, index: int, tensors: list[torch.Tensor]
             return
         fired[0] = True
         try:
-            if rec._recording:
+            if rec.recording:
                 rec.record_unit(index, 1)
         except Exception as error:
             rec.disable(f"backward hook failed: {type(error).__name__}: {error}")

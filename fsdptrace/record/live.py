@@ -158,7 +158,7 @@ def _prefetch_rows(rec: Recorder) -> list[tuple]:
     The recorder re-reads the edges at every micro-step begin; the last snapshot it took is
     the configuration the step ran with (the current one if it never took one).
     """
-    config = rec._last_prefetch or snapshots.current_prefetch(rec)
+    config = rec.prefetch_seen.config or snapshots.current_prefetch(rec)
     rows: list[tuple] = []
     for (unit, phase), targets in config.items():
         if not targets:

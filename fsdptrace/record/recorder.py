@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from fsdptrace.errors import LifecycleError
 from fsdptrace.record import flight_recorder, guards, hooks, optimizer_boundary, snapshots
-from fsdptrace.record.backends.base import Backend, Unit
+from fsdptrace.record.backends.base import Backend, PrefetchSeen, Unit
 from fsdptrace.record.boundary_rows import BoundaryRows
 from fsdptrace.record.journal import FixedTable
 from fsdptrace.record.writer import (
@@ -83,10 +83,9 @@ class Recorder:
         self._stashed_error: BaseException | None = None  # seen unwinding a part root's forward
         self._manual_micro_steps = False
         self._parts_seen: set[int] = set()
-        self._in_eval = False
-        self._recording = self.window.contains(0)
-        self._last_prefetch: dict[tuple[str, str], tuple[str, ...]] | None = None
-        self._prefetch_key: object = None  # the backend's raw edges at the last snapshot
+        self.in_eval = False
+        self.recording = self.window.contains(0)
+        self.prefetch_seen = PrefetchSeen()
         self.units: list[Unit] = backend.discover_units(self.parts)
         self.unit_names = [u.name for u in self.units]
         self.writer = ChunkWriter(
@@ -153,14 +152,14 @@ class Recorder:
         self._manual_micro_steps = True
         if step != self.step:
             self.step = step
-            self._recording = self.enabled and self.window.contains(step)
+            self.recording = self.enabled and self.window.contains(step)
         self._start_micro_step(micro_step)
 
     def before_optimizer_step(self) -> None:
         """Snapshot gradients and pending all-gathers; run live checks if asked; close the step."""
         if self._closed:
             return
-        if self._recording:
+        if self.recording:
             self._guard("boundary snapshot", snapshots.record_boundary, self)
             if self.raise_on_violation:
                 from fsdptrace.record.live import raise_if_unsafe
@@ -176,7 +175,7 @@ class Recorder:
         self._parts_seen.clear()
         if self.live_events is not None:
             self.live_events.clear()
-        self._recording = self.enabled and self.window.contains(self.step)
+        self.recording = self.enabled and self.window.contains(self.step)
         self.writer.request_flush()
 
     def closes_step_at_any_optimizer(self) -> bool:
@@ -191,7 +190,7 @@ class Recorder:
 
     def note(self, kind: str, detail: str) -> None:
         """Add a marker from outside the hooks (trainer helpers), if this step is recorded."""
-        if self._recording and not self._closed:
+        if self.recording and not self._closed:
             self._mark(kind, 0, detail)
 
     def flush(self) -> None:
@@ -221,7 +220,7 @@ class Recorder:
         self._closed = True
         # Gradient hooks already on live tensors may still fire; they must not append
         # rows nobody will write.
-        self._recording = False
+        self.recording = False
         for handle in self._handles:
             handle.remove()
         if self._optimizer_handle is not None:
@@ -269,7 +268,7 @@ class Recorder:
         """In a forked child: record nothing, write nothing, and leave no ending behind."""
         self._closed = True
         self.enabled = False
-        self._recording = False
+        self.recording = False
         self.writer.abandon()
 
     @property
@@ -315,9 +314,9 @@ class Recorder:
     def on_part_forward(self, part: int) -> bool:
         """Called first at each part root forward; returns False for eval forwards."""
         if not torch.is_grad_enabled():
-            self._in_eval = True
+            self.in_eval = True
             return False
-        self._in_eval = False
+        self.in_eval = False
         self._stashed_error = None
         if not self._manual_micro_steps:
             if not self._micro_started:
@@ -329,7 +328,7 @@ class Recorder:
 
     @property
     def active(self) -> bool:
-        return self._recording and not self._in_eval
+        return self.recording and not self.in_eval
 
     # ----------------------------------------------------------------- internals
     def _start_micro_step(self, micro_step: int) -> None:
@@ -337,7 +336,7 @@ class Recorder:
         self._micro_started = True
         self._micro_open = True
         self._parts_seen.clear()
-        if self._recording:
+        if self.recording:
             self._mark(schema.MARKER_MICRO_STEP, 0, "")
             self._guard("prefetch edges", snapshots.record_prefetch_if_changed, self)
             self._guard("settings", snapshots.record_settings_if_changed, self)
@@ -361,7 +360,7 @@ class Recorder:
         if not self.enabled:
             return
         self.enabled = False
-        self._recording = False
+        self.recording = False
         warnings.warn(f"fsdptrace: recording disabled on rank {self.rank}: {reason}",
                       RuntimeWarning, stacklevel=2)
         self._mark(schema.MARKER_DISABLED, 0, reason)

@@ -37,13 +37,14 @@ def record_prefetch_if_changed(rec: Recorder) -> None:
     """
     backend = rec.backend
     key = backend.prefetch_key(rec.units)
-    if key is not None and key == rec._prefetch_key:
+    seen = rec.prefetch_seen
+    if key is not None and key == seen.key:
         return
-    rec._prefetch_key = None if key is None else backend.freeze_prefetch_key(key)
+    seen.key = None if key is None else backend.freeze_prefetch_key(key)
     config = current_prefetch(rec)
-    if config == rec._last_prefetch:
+    if config == seen.config:
         return
-    rec._last_prefetch = config
+    seen.config = config
     rows = rec.writer.buffer("prefetch")
     for (unit, phase), targets in config.items():
         if not targets:

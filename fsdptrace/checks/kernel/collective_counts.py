@@ -63,6 +63,6 @@ def collective_count_differences(collectives: pd.DataFrame) -> pd.DataFrame:
 def _unpaired(mine: list[tuple[str, str]], reference: list[tuple[str, str]]
               ) -> tuple[int, str, str]:
     """Where two sequences part ways, and the collective there of the one that issued more."""
-    index, own, theirs = first_difference_of(mine, reference)
-    unit, kind = own if len(mine) > len(reference) else theirs
+    index = first_difference_of(mine, reference)[0]
+    unit, kind = (mine if len(mine) > len(reference) else reference)[index]
     return index, unit, kind

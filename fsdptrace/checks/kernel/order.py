@@ -9,11 +9,13 @@ Positions themselves are computed on code columns (``checks.positions``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import pandas as pd
 
 GROUP = ["rank", "step", "micro_step", "phase"]
 END = "<end>"  # what a side that ended early has at an index
+T = TypeVar("T")
 
 
 def first_difference(left: pd.DataFrame, right: pd.DataFrame, on: list[str]) -> pd.DataFrame:
@@ -49,9 +51,9 @@ def unit_sets(units: pd.DataFrame) -> pd.DataFrame:
     return sets.rename("unit_set").reset_index()
 
 
-def first_difference_of(left: Sequence[str], right: Sequence[str]) -> tuple[int, str, str]:
-    """Two orders held as lists (an eval interval, a stopped pass): the first index where
-    they differ and each side's unit there (``<end>`` past a side's end)."""
+def first_difference_of(left: Sequence[T], right: Sequence[T]) -> tuple[int, T | str, T | str]:
+    """Two orders held as lists (an eval interval, a stopped pass, a pass's collectives): the
+    first index where they differ and each side's item there (``<end>`` past a side's end)."""
     for index in range(max(len(left), len(right))):
         mine = left[index] if index < len(left) else END
         theirs = right[index] if index < len(right) else END

@@ -161,14 +161,24 @@ class Backend(Protocol):
         ...
 
 
+@dataclass
+class PrefetchSeen:
+    """The prefetch edges last written, owned by ``record.snapshots``: the backend's raw
+    target lists (``key``, compared first: cheap) and the edges by name (``config``)."""
+
+    key: object = None
+    config: dict[tuple[str, str], tuple[str, ...]] | None = None
+
+
 class RecorderView(Protocol):
     """The recorder as its helpers see it: what hooks, guards, snapshots, the fatal-signal and
     live paths and the backends read and call on a ``record.recorder.Recorder``.
 
     The problem this solves: typed against ``Recorder`` itself, each of those modules imported
     ``recorder.py``, which imports them (an import circle, if only for types). They type
-    against this view instead, and ``Recorder`` satisfies it. The underscored fields are the
-    recorder's state those helpers still read directly; each is listed here, nowhere else.
+    against this view instead, and ``Recorder`` satisfies it. ``recording`` and ``in_eval``
+    are read on every hook call (a plain attribute read is the cheapest); only the recorder
+    writes them.
     """
 
     parts: list[nn.Module]
@@ -190,10 +200,9 @@ class RecorderView(Protocol):
     boundary_gradients: list[tuple]
     boundary_pending: list[tuple]
     boundary_written: list[tuple]
-    _recording: bool
-    _in_eval: bool
-    _last_prefetch: dict[tuple[str, str], tuple[str, ...]] | None
-    _prefetch_key: object
+    recording: bool
+    in_eval: bool
+    prefetch_seen: PrefetchSeen
 
     def next_seq(self) -> int: ...
 

@@ -278,7 +278,7 @@ def _wrap_post_backward(rec: Recorder, unit: int, state: Any, params: list[Any])
     kept: list[tuple[int, int, int] | None] = [None] * len(params)
 
     def post_backward(*args: Any) -> Any:
-        if rec._recording:
+        if rec.recording:
             try:
                 reduce = bool(getattr(state, "reduce_grads", True))
                 rec.record_backward_grads(unit, 0, param_states(params, kept, rec.step, reduce,

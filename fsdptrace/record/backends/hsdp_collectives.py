@@ -87,7 +87,7 @@ class Route:
     def record(self, kind: int, group: Any, issuer: tuple[int, int]) -> None:
         rec = self.rec
         try:
-            if rec._in_eval and not torch.is_grad_enabled():
+            if rec.in_eval and not torch.is_grad_enabled():
                 phase, micro_step = EVAL, -1
             else:
                 phase = BACKWARD if _graph_task_id() != -1 else FORWARD
@@ -226,7 +226,7 @@ def _wrap_gather(route: Route, hsdp_param: Any) -> Callable[..., Any]:
     call = hsdp_provenance.call_through(hsdp_param, "_get_unsharded_param_data")
 
     def _get_unsharded_param_data(*args: Any, **kwargs: Any) -> Any:
-        if rec._recording:
+        if rec.recording:
             try:
                 if hsdp_param is route.first:
                     route.forget_issuer()
@@ -248,7 +248,7 @@ def _wrap_reduce(route: Route, hsdp_param: Any, method: str, kind: int,
     call = hsdp_provenance.call_through(hsdp_param, method)
 
     def reduce_grad(*args: Any, **kwargs: Any) -> Any:
-        if rec._recording:
+        if rec.recording:
             route.record_reduce(kind, group_of, hsdp_param)
         return call(*args, **kwargs)
 

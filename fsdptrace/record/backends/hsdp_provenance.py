@@ -92,7 +92,7 @@ class _Recording:
     def should_record(self) -> bool:
         rec = self.rec
         # Eval/generation forwards run with gradients off and are never recorded (as FSDP2's).
-        return rec._recording and not (rec._in_eval and not torch.is_grad_enabled())
+        return rec.recording and not (rec.in_eval and not torch.is_grad_enabled())
 
     def append(self, seq: int, t_ns: int, backward: bool, unit: int, event: int, kind: int,
                source: int, state: Any, detail: int) -> None:
@@ -160,7 +160,7 @@ def _wrap_unshard(prov: _Recording, unit: int, state: Any, opened: list[bool]
     issuer_of = prov.issuers.of
 
     def unshard(*args: Any, **kwargs: Any) -> Any:
-        if not rec._recording or (rec._in_eval and not torch.is_grad_enabled()):
+        if not rec.recording or (rec.in_eval and not torch.is_grad_enabled()):
             return call(*args, **kwargs)
         try:
             seq, t_ns = rec.next_seq(), time.monotonic_ns()
@@ -208,7 +208,7 @@ def _wrap_wait(prov: _Recording, unit: int, state: Any, opened: list[bool]
         was_sharded = state.is_shard is True
         t_ns = time.monotonic_ns() if was_sharded else 0
         out = call(*args, **kwargs)
-        if not was_sharded or not rec._recording:
+        if not was_sharded or not rec.recording:
             return out
         try:
             if state.is_shard is False and opened[0]:
@@ -231,7 +231,7 @@ def _wrap_shard(prov: _Recording, unit: int, state: Any) -> Callable[..., Any]:
     def shard(*args: Any, **kwargs: Any) -> Any:
         unsharded = state.is_shard is False
         out = call(*args, **kwargs)
-        if not unsharded or not rec._recording:
+        if not unsharded or not rec.recording:
             return out
         try:
             if state.is_shard is True and prov.should_record():

@@ -69,11 +69,11 @@ class Route:
 
     def record(self, kind: int, group: Any, issuer: tuple[int, int]) -> None:
         rec = self.rec
-        if not rec._recording:
+        if not rec.recording:
             return
         try:
             name = group.group_name
-            if rec._in_eval and not torch.is_grad_enabled():
+            if rec.in_eval and not torch.is_grad_enabled():
                 phase, micro_step = EVAL, -1
                 number = group._get_sequence_number_for_group() + 1
             else:
@@ -204,7 +204,7 @@ def _wrap_all_gather(original: Callable[..., Any]) -> Callable[..., Any]:
     def foreach_all_gather(fsdp_params: Sequence[Any], group: Any, *args: Any,
                            **kwargs: Any) -> Any:
         route = _routes.get(id(fsdp_params[0])) if fsdp_params else None
-        if route is not None and route.rec._recording:
+        if route is not None and route.rec.recording:
             backward = _graph_task_id() != -1
             route.record(ALL_GATHER, group, route.issuers.of(
                 _unshard_caller(sys._getframe(1)), route.unit, backward))
@@ -228,7 +228,7 @@ def _unshard_caller(frame: Any) -> Any:
 def _wrap_reduce(original: Callable[..., Any]) -> Callable[..., Any]:
     def foreach_reduce(fsdp_params: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
         route = _routes.get(id(fsdp_params[0])) if fsdp_params else None
-        if route is not None and route.rec._recording:
+        if route is not None and route.rec.recording:
             _record_reduce(route, args, kwargs)
         return original(fsdp_params, *args, **kwargs)
 

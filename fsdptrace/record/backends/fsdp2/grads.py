@@ -63,7 +63,7 @@ def _wrap_post_backward(rec: Recorder, unit: int, first: int, group: Any,
     kept: list[tuple[int, int, int] | None] = [None] * len(fsdp_params)
 
     def post_backward(*args: Any) -> Any:
-        if rec._recording:
+        if rec.recording:
             try:
                 reduce = bool(group.reduce_grads)
                 states = param_states(fsdp_params, kept, rec.step, reduce,

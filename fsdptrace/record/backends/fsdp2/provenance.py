@@ -59,7 +59,7 @@ class Provenance:
     def should_record(self) -> bool:
         rec = self.rec
         # Eval/generation forwards run with gradients off and are never recorded.
-        return rec._recording and not (rec._in_eval and not torch.is_grad_enabled())
+        return rec.recording and not (rec.in_eval and not torch.is_grad_enabled())
 
     def bytes_of(self, group: Any) -> int:
         """Bytes of the group's unsharded parameters in the dtype they are gathered in."""
@@ -130,7 +130,7 @@ def _wrap_unshard(prov: Provenance, unit: int, group_index: int, group: Any
             out = cls.unshard(group, args[0])
         else:
             out = cls.unshard(group, *args, **kwargs)
-        if not rec._recording:
+        if not rec.recording:
             return out
         try:
             if prov.should_record():
@@ -212,7 +212,7 @@ def _wrap_reshard(prov: Provenance, unit: int, group_index: int, group: Any
             out = cls.reshard(group)
         else:
             out = cls.reshard(group, *args, **kwargs)
-        if not unsharded or not rec._recording:
+        if not unsharded or not rec.recording:
             return out
         try:
             if not group.is_unsharded and prov.should_record():
