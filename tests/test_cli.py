@@ -303,7 +303,7 @@ def test_record_end_to_end(tmp_path: Path) -> None:
     # One wrong line, one cause: its prefetch-order and wasted-prefetch findings told under it.
     assert "[error] cause: the forward prefetch edge 3 (Block) -> 2 (Block)" in planted.stdout
     assert "  prefetch-order (prefetch target missing or out of order)" in planted.stdout
-    assert "3 prefetched 2 at positions 3->2" in planted.stdout
+    assert "3 (Block) prefetched 2 (Block) at positions 3->2" in planted.stdout
     fixed = record_tiny(tmp_path / "fixed", "--fixed")
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "OK: no findings across 2 of 2 ranks" in fixed.stdout

@@ -41,7 +41,9 @@ def check(tables: RankTables) -> pd.DataFrame:
     rows = rows.assign(rank=rows["rank"].astype("int64"), unit=rows["unit"].astype(str),
                        phase=rows["phase"].astype(str), target=rows["target"].astype(str))
     rows.loc[missing[flagged], "target_position"] = None
-    message = _ran_before(rows).where(~missing[flagged], _did_not_execute(rows))
+    named = rows.assign(unit=rows["unit"].map(tables.label),
+                        target=rows["target"].map(tables.label))
+    message = _ran_before(named).where(~missing[flagged], _did_not_execute(named))
     return findings.make(NAME, SEVERITY, rows, message)
 
 

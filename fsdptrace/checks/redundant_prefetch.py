@@ -82,7 +82,7 @@ def redundant(allgathers: pd.DataFrame, events: pd.DataFrame, *,
                + edges["num_calls"].astype(str) + " call(s) of " + edges["issuer_unit"]
                + " in " + edges["num_micro_steps"].astype(str) + " micro-step(s), "
                + edges["detail"].map(_STATES) + " (gathered by " + edges["by"]
-               + "), so FSDP2 made it a no-op" + design_text
+               + "), so its unshard returned at once (a no-op)" + design_text
                + "; it did its work at no call: dead configuration; remove " + edges["unit"]
                + " from " + edges["issuer_unit"] + "'s " + edges["phase"]
                + " prefetch targets, or fix the edge that gathers it")

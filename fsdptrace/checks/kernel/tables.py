@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from fsdptrace.checks.kernel.columns import Columns, Vocab
 from fsdptrace.reading import endings, incomplete
+from fsdptrace.reading.unit_names import Label, labeller, module_types
 from fsdptrace.store import schema
 
 if TYPE_CHECKING:
@@ -60,6 +61,12 @@ class RankTables:
 
     def code(self, name: str) -> int:
         return self.vocab.code(name)
+
+    @cached_property
+    def label(self) -> Label:
+        """How a message names a unit: ``3 (Block)`` where the name alone is a position
+        (``reading.unit_names``); the ``unit`` and ``target`` columns keep the names."""
+        return labeller(module_types(self.frame("units")))
 
     @cached_property
     def stops(self) -> pd.DataFrame:
