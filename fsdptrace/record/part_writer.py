@@ -154,8 +154,9 @@ class PartWriter:
             if self.segment_dir != self.journal_dir:
                 self._cold_segment(name, index).unlink(missing_ok=True)
 
-    def mirror(self) -> None:
-        """Copy each open segment's new bytes into the run dir's journal.
+    def mirror(self) -> bool:
+        """Copy each open segment's new bytes into the run dir's journal; whether any table's
+        copy grew (False: nothing was recorded since the last pass).
 
         Bytes well before the end of what the last pass found written do not change (a row
         is complete before the next begins), so each pass copies from a page below that end
@@ -166,7 +167,8 @@ class PartWriter:
         leaves the offset where it was; the bytes it did write are copied again next time.
         """
         if self.segment_dir == self.journal_dir:
-            return
+            return False
+        before = dict(self.mirrored)
         for name, indexes in self.segments().items():
             index = indexes[-1]
             if self._segment(name, index).parent != self.segment_dir:
@@ -187,6 +189,7 @@ class PartWriter:
             finally:
                 os.close(fd)
             self.mirrored[name] = (index, start + len(tail.rstrip(b"\0")))
+        return self.mirrored != before
 
     def compact(self) -> None:
         """Merge each table's parts of this writer into one, where the disk has room.
@@ -217,15 +220,34 @@ class PartWriter:
     def flush(self) -> None:
         """One pass of the loop: full segments into Parquet, the open ones mirrored, then
         where the run dir's copy ends said in it (``unwritten.mark_position``): every row
-        recorded before the pass began is there now."""
+        recorded before the pass began is there now. A second copy that finds nothing new
+        means the run dir holds every row: then nothing is said to be missing."""
         at = unwritten.position(self.segment_dir, self.writer_id) if (
             self.segment_dir != self.journal_dir) else None
         self.convert(final=False)
         self.mirror()
-        if at is not None and at != self._marked:
+        if at is None:
+            return
+        if self._all_copied():
+            # Nothing was recorded while this pass copied: the run dir holds every row (a rank
+            # waiting in a hung collective, a pause), and a watcher reading it elsewhere must
+            # see the stopped pass whole, not as a range that may lack rows.
+            if self._marked is not None:
+                unwritten.forget(self.run_dir, rank=self.rank, writer=self.writer_id)
+                self._marked = None
+            return
+        if at != self._marked:
             unwritten.mark_position(self.run_dir, rank=self.rank, writer=self.writer_id,
                                     hot=self.segment_dir, position=at)
             self._marked = at
+
+    def _all_copied(self) -> bool:
+        """Whether the run dir holds every row now: no segment that filled is left to convert
+        (one the recorder closed during this pass), and a second copy finds nothing new."""
+        for name, indexes in self.segments().items():
+            if any(i > self.converted.get(name, 0) for i in indexes[:-1]):
+                return False
+        return not self.mirror()
 
     def finish(self) -> None:
         """Everything into Parquet, one part per table; the hot folder removed if empty."""
