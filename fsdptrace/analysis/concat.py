@@ -27,6 +27,15 @@ def concat_coded(frames: list[pd.DataFrame]) -> pd.DataFrame:
              if any(isinstance(f[c].dtype, pd.CategoricalDtype) for f in non_empty)]
     out = pd.concat([f.drop(columns=coded) for f in non_empty], ignore_index=True)
     for column in coded:
-        # A batch whose column is all null may hold it as object: it joins with no categories.
-        out[column] = union_categoricals([f[column].astype("category") for f in non_empty])
+        out[column] = union_categoricals(_same_kind([f[column] for f in non_empty]))
     return out[columns]
+
+
+def _same_kind(columns: list[pd.Series]) -> list[pd.Series]:
+    """``columns`` as categoricals whose categories share one dtype (``union_categoricals``
+    refuses others): a batch whose column is all null holds no categories, of dtype object,
+    where the others hold strings."""
+    parts = [c.astype("category") for c in columns]
+    if len({str(p.cat.categories.dtype) for p in parts}) > 1:
+        parts = [p.astype(pd.CategoricalDtype(p.cat.categories.astype(object))) for p in parts]
+    return parts
