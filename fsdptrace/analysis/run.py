@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from fsdptrace.analysis.concat import concat_coded
 from fsdptrace.analysis.map_step import RankSummary, map_ranks, map_tables, rank_pieces, with_causes
 from fsdptrace.analysis.result import Analysis
 from fsdptrace.checks import (
@@ -74,12 +75,8 @@ def _concat_field(summaries: list[RankSummary], name: str) -> pd.DataFrame:
 
 def _concat_summaries(summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
     names = {name for s in summaries for name in s.summaries}
-    out = {}
-    for name in names:
-        frames = [s.summaries[name] for s in summaries if name in s.summaries]
-        non_empty = [f for f in frames if len(f)]
-        out[name] = pd.concat(non_empty, ignore_index=True) if non_empty else frames[0]
-    return out
+    return {name: concat_coded([s.summaries[name] for s in summaries if name in s.summaries])
+            for name in names}
 
 
 def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None = None, *,
