@@ -160,8 +160,10 @@ def test_a_job_killed_mid_training_with_its_writers_reads_incomplete_not_wrong(
         kill_all(procs)
     whole = fsdptrace.load(run_dir)  # with the hot folders, as on the recording host
     alone = _cold(run_dir, monkeypatch)
-    # Rows the run dir lacks where it holds later rows of that rank (in any table) are in
-    # incomplete ranges; past its last row the rank simply stops (and is said to).
+    # Rows the run dir lacks before the last micro-step it holds of that rank (in any table)
+    # are in incomplete ranges. From there on the rank simply stops (and is said to): a pass
+    # that found every row copied leaves no mark, so the rows recorded after it and before
+    # the kill are missing from every table alike, the tail a rank killed then leaves.
     tables = ("events", "gradients", "backward_grads", "collectives", "markers")
     reached = pd.concat([getattr(alone, t)[["rank", "step", "micro_step"]] for t in tables])
     reached = (reached["step"].astype("int64") * 2**20 + reached["micro_step"]).groupby(
@@ -174,7 +176,7 @@ def test_a_job_killed_mid_training_with_its_writers_reads_incomplete_not_wrong(
                                                     indicator=True)
         lacking = lacking[lacking["_merge"] == "left_only"]
         where = lacking["step"].astype("int64") * 2**20 + lacking["micro_step"]
-        lacking = lacking[where.to_numpy() <= reached.reindex(lacking["rank"]).to_numpy()]
+        lacking = lacking[where.to_numpy() < reached.reindex(lacking["rank"]).to_numpy()]
         assert incomplete.in_micro_steps(ranges, (table,), lacking["rank"].to_numpy(),
                                          lacking["step"].to_numpy(),
                                          lacking["micro_step"].to_numpy()).all(), table

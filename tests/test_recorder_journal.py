@@ -9,6 +9,7 @@ garbage bytes in the journal.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -358,3 +359,55 @@ def test_a_dead_writer_is_noticed_and_nothing_stays_in_the_hot_folder(
     assert not writer.segment_dir.exists()
     monkeypatch.setenv(journal_hot.HOT_DIR_ENV, "off")  # the run dir alone
     assert _seqs(tmp_path) == list(range(1, 1001))
+
+
+def _loss_marks(run_dir: Path, writer_id: str) -> list[dict[str, object]]:
+    """The details of the markers saying where the run dir's copy of ``writer_id`` ends."""
+    from fsdptrace.store.journal_format import LOSS_WRITER, SEGMENT_FILE
+    path = (run_dir / "journal" / "rank=0" /
+            SEGMENT_FILE.format(table="markers", writer=LOSS_WRITER.format(writer=writer_id),
+                                index=1))
+    if not path.exists():
+        return []
+    return [json.loads(d) for d in read_segment(path, "markers").column("detail").to_pylist()]
+
+
+def test_a_pass_cut_short_after_a_quiet_one_leaves_its_tail_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that finds every row copied removes the mark (a hung rank's stopped pass must
+    read whole elsewhere). The next pass with rows to copy says where that whole copy ended
+    before it copies any: killed mid-pass, its writer leaves tables copied moments apart, and
+    without that mark the run dir alone read as a rank that ran units without their rows
+    (CI: ``test_a_job_killed_mid_training_with_its_writers_reads_incomplete_not_wrong``)."""
+    run_dir, writer_id = tmp_path / "run", "j1_000000003"
+    recorder = ChunkWriter(run_dir, rank=0, version="test", writer_id=writer_id,
+                           segment_bytes=(1 << 16, 1 << 16))
+    assert recorder.segment_dir != recorder.journal_dir
+    _append_events(recorder, 1, 40)
+    process = PartWriter(run_dir, rank=0, version="test", writer_id=writer_id,
+                         segment_dir=recorder.segment_dir)
+    process.write_empty_tables()
+    process.flush()  # copies all 40 rows: nothing is said missing
+    assert _loss_marks(run_dir, writer_id) == []
+    process.flush()  # a hung rank: nothing new, nothing said
+    assert _loss_marks(run_dir, writer_id) == []
+    _append_events(recorder, 41, 250)  # the rank goes on into step 2
+
+    def killed() -> bool:
+        raise SystemExit("the writer is killed mid-pass")
+
+    monkeypatch.setattr(process, "mirror", killed)
+    with pytest.raises(SystemExit):
+        process.flush()
+    marks = _loss_marks(run_dir, writer_id)
+    assert {(m["first_step"], m["first_micro_step"]) for m in marks} == {(0, 0)}
+    assert {m["table"] for m in marks} == set(schema.TABLES)
+    monkeypatch.undo()
+    process.flush()  # the next pass copies everything, finds nothing more, forgets the mark
+    assert _loss_marks(run_dir, writer_id) == []
+    with monkeypatch.context() as remote:
+        remote.setenv(journal_hot.HOT_DIR_ENV, "off")
+        assert _seqs(run_dir) == list(range(1, 251))
+    for table in recorder.tables.values():
+        table.seal()
+    shutil.rmtree(recorder.segment_dir, ignore_errors=True)

@@ -40,7 +40,7 @@ On start, it settles hot folders left on this host by recordings whose processes
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -74,6 +74,8 @@ class PartWriter:
         # table -> (segment index, end of the bytes written there when last mirrored)
         self.mirrored: dict[str, tuple[int, int]] = {}
         self._marked: tuple[int, int] | None = None  # the position the run dir last got
+        # where the rank was when a pass last found the run dir holding every row
+        self._whole_at: tuple[int, int] | None = None
         self.bytes_written = 0
         self.on_part: Callable[[int], None] = lambda size: None  # the process reports sizes
         self._schemas: dict[str, pa.Schema] = {}
@@ -166,9 +168,24 @@ class PartWriter:
         does not land whole (a short write: the disk had room for part of it) raises and
         leaves the offset where it was; the bytes it did write are copied again next time.
         """
-        if self.segment_dir == self.journal_dir:
-            return False
         before = dict(self.mirrored)
+        for name, index, start, tail in self._open_tails():
+            used = journal_hot.used_length(tail)
+            if not used:
+                continue  # nothing written since (or at all)
+            fd = os.open(self._cold_segment(name, index), os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                write_all(fd, memoryview(tail)[:used], start)
+            finally:
+                os.close(fd)
+            self.mirrored[name] = (index, start + len(tail.rstrip(b"\0")))
+        return self.mirrored != before
+
+    def _open_tails(self) -> Iterator[tuple[str, int, int, bytes]]:
+        """(table, segment index, offset, bytes from there on) of each open hot segment: what
+        a mirror pass copies."""
+        if self.segment_dir == self.journal_dir:
+            return
         for name, indexes in self.segments().items():
             index = indexes[-1]
             if self._segment(name, index).parent != self.segment_dir:
@@ -180,16 +197,17 @@ class PartWriter:
                     tail = hot.read() if not start else os.pread(hot.fileno(), 1 << 30, start)
             except FileNotFoundError:
                 continue
-            used = journal_hot.used_length(tail)
-            if not used:
-                continue  # nothing written since (or at all)
-            fd = os.open(self._cold_segment(name, index), os.O_WRONLY | os.O_CREAT, 0o644)
-            try:
-                write_all(fd, memoryview(tail)[:used], start)
-            finally:
-                os.close(fd)
-            self.mirrored[name] = (index, start + len(tail.rstrip(b"\0")))
-        return self.mirrored != before
+            yield name, index, start, tail
+
+    def _anything_to_copy(self) -> bool:
+        """Whether the run dir lacks a row the hot folder holds: a segment that filled is
+        left to convert, or an open one holds bytes its last copy did not."""
+        for name, indexes in self.segments().items():
+            if any(i > self.converted.get(name, 0) for i in indexes[:-1]):
+                return True
+        return any(journal_hot.used_length(tail)
+                   and self.mirrored.get(name) != (index, start + len(tail.rstrip(b"\0")))
+                   for name, index, start, tail in self._open_tails())
 
     def compact(self) -> None:
         """Merge each table's parts of this writer into one, where the disk has room.
@@ -220,34 +238,36 @@ class PartWriter:
     def flush(self) -> None:
         """One pass of the loop: full segments into Parquet, the open ones mirrored, then
         where the run dir's copy ends said in it (``unwritten.mark_position``): every row
-        recorded before the pass began is there now. A second copy that finds nothing new
-        means the run dir holds every row: then nothing is said to be missing."""
+        recorded before the pass began is there now, so the position the rank was in then is
+        where the run dir may start to lack rows. The mark stays while the next pass copies
+        (tables land moments apart), so a writer killed mid-pass leaves that tail said.
+
+        A pass whose second copy finds nothing new leaves the run dir holding every row (a
+        rank waiting in a hung collective, a pause): then nothing is said to be missing, for a
+        watcher reading it elsewhere must see the stopped pass whole. The next pass that has
+        rows to copy says first where that whole copy ended, before it copies any."""
         at = unwritten.position(self.segment_dir, self.writer_id) if (
             self.segment_dir != self.journal_dir) else None
+        if at is not None and self._marked is None and self._whole_at is not None and (
+                self._anything_to_copy()):
+            self._mark(self._whole_at)
         self.convert(final=False)
         self.mirror()
         if at is None:
             return
-        if self._all_copied():
-            # Nothing was recorded while this pass copied: the run dir holds every row (a rank
-            # waiting in a hung collective, a pause), and a watcher reading it elsewhere must
-            # see the stopped pass whole, not as a range that may lack rows.
+        if not self._anything_to_copy():
             if self._marked is not None:
                 unwritten.forget(self.run_dir, rank=self.rank, writer=self.writer_id)
                 self._marked = None
+            self._whole_at = at
             return
         if at != self._marked:
-            unwritten.mark_position(self.run_dir, rank=self.rank, writer=self.writer_id,
-                                    hot=self.segment_dir, position=at)
-            self._marked = at
+            self._mark(at)
 
-    def _all_copied(self) -> bool:
-        """Whether the run dir holds every row now: no segment that filled is left to convert
-        (one the recorder closed during this pass), and a second copy finds nothing new."""
-        for name, indexes in self.segments().items():
-            if any(i > self.converted.get(name, 0) for i in indexes[:-1]):
-                return False
-        return not self.mirror()
+    def _mark(self, at: tuple[int, int]) -> None:
+        unwritten.mark_position(self.run_dir, rank=self.rank, writer=self.writer_id,
+                                hot=self.segment_dir, position=at)
+        self._marked = at
 
     def finish(self) -> None:
         """Everything into Parquet, one part per table; the hot folder removed if empty."""
