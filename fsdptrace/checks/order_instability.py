@@ -12,6 +12,8 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
+from fsdptrace.checks.kernel.order import END
+from fsdptrace.checks.kernel.positions import ENDED, first_differences
 from fsdptrace.store import schema
 
 if TYPE_CHECKING:
@@ -24,8 +26,6 @@ SEVERITY = findings.WARNING
 def check(tables: RankTables) -> pd.DataFrame:
     """Each rank's forward orders against its first recorded micro-step: order signatures
     decide, and only the orders that changed are compared call by call."""
-    from fsdptrace.checks.kernel.positions import first_differences
-
     pos = tables.complete
     sigs = tables.signatures
     forward = sigs[sigs["phase"] == schema.FORWARD] if len(sigs) else sigs
@@ -52,7 +52,7 @@ def check(tables: RankTables) -> pd.DataFrame:
 def _names(tables: RankTables, codes: np.ndarray) -> np.ndarray:
     """Unit names; ``<end>`` where an order had already ended."""
     names = tables.vocab.decode(np.maximum(codes, 0)).astype(str)
-    return np.where(codes == -2, "<end>", names).astype(object)
+    return np.where(codes == ENDED, END, names).astype(object)
 
 
 def _changed(sigs: pd.DataFrame) -> pd.DataFrame:

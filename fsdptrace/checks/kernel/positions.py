@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
+# The unit code ``first_differences`` gives past an order's end (``order.END`` by name).
+ENDED = -2
+
 
 @dataclass
 class Positions:
@@ -162,7 +165,8 @@ def signatures(positions: Positions, vocab_names: list[str]) -> pd.DataFrame:
 def first_differences(pos: Positions, left: list[np.ndarray], right: list[np.ndarray],
                       phase: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per pair of orders given as (rank, step, micro_step) columns in ``phase``: the first
-    index where their units differ (-1: none) and the unit codes there (-2: order ended)."""
+    index where their units differ (-1: none) and the unit codes there (``ENDED``: that order
+    had ended; ``order.first_difference`` on frames, ``order.first_difference_of`` on lists)."""
     group = pos.group
     rep = np.zeros(int(group.max()) + 1 if len(group) else 0, dtype=np.int64)
     rep[group] = np.arange(len(group))
@@ -180,7 +184,7 @@ def first_differences(pos: Positions, left: list[np.ndarray], right: list[np.nda
         length = np.where(found >= 0, lengths[np.maximum(found, 0)], 0)
         cells = starts[np.maximum(found, 0)][:, None] + np.arange(width)
         valid = np.arange(width) < length[:, None]
-        return np.where(valid, units[np.minimum(cells, max(len(units) - 1, 0))], -2)
+        return np.where(valid, units[np.minimum(cells, max(len(units) - 1, 0))], ENDED)
 
     width = int(lengths.max()) + 1 if len(lengths) else 1
     lhs, rhs = matrix(left_key, width), matrix(right_key, width)
