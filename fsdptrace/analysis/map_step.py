@@ -10,7 +10,7 @@ the reduce step that gathers the summaries (``fsdptrace.analysis.run``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +24,7 @@ from fsdptrace.checks import (
     selected,
     stalled_rank,
 )
+from fsdptrace.checks.contract import Kept
 from fsdptrace.checks.kernel.order import unit_sets
 from fsdptrace.checks.kernel.tables import RankTables
 from fsdptrace.reading import chunk_gaps, endings, incomplete, reader
@@ -41,23 +42,15 @@ BATCH_RANKS = 256
 _READ_ORDER = tuple(t for t in TABLE_NAMES if t != "markers") + ("markers",)
 
 
-@dataclass
-class RankSummary:
-    """What the map step keeps of one rank (or of a whole in-memory trace)."""
+@dataclass(frozen=True, kw_only=True)
+class RankSummary(Kept):
+    """What the map step keeps of one batch of ranks (or of a whole in-memory trace): their
+    findings and what the across-ranks checks read (``Kept``)."""
 
     findings: pd.DataFrame
-    signatures: pd.DataFrame
-    config_signatures: pd.DataFrame
-    unit_sets: pd.DataFrame
-    last: pd.DataFrame
-    ends: pd.DataFrame
-    meta: pd.DataFrame
-    ranks: list[int]
     # Chunks this rank's read skipped as unreadable: a worker process hands them to its parent,
     # which warns once for each.
     skipped: list[chunk_gaps.SkippedChunk] = field(default_factory=list)
-    # What each across-ranks check with a ``summarize`` keeps of this rank, by check name.
-    summaries: dict[str, pd.DataFrame] = field(default_factory=dict)
     # Where this rank lost rows (``checks.incomplete.COLUMNS``): what no check looked at.
     incomplete: pd.DataFrame = field(default_factory=incomplete.empty)
 
@@ -107,9 +100,9 @@ def map_ranks(run_dir: Path, ranks: list[int], names: list[str], *,
         batch.append((rank, arrow))
         rows += sum(table.num_rows for table in arrow.values())
         if rows >= BATCH_ROWS or len(batch) >= BATCH_RANKS or rank == ranks[-1]:
-            summaries.append(_map_batch(run_dir, batch, names))
-            summaries[-1].skipped = chunk_gaps.noted()[skipped_before:]
-            skipped_before += len(summaries[-1].skipped)
+            skipped = chunk_gaps.noted()[skipped_before:]
+            summaries.append(replace(_map_batch(run_dir, batch, names), skipped=skipped))
+            skipped_before += len(skipped)
             batch, rows = [], 0
     return summaries
 

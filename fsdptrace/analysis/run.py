@@ -32,7 +32,7 @@ from fsdptrace.checks import (
     selected,
     stalled_rank,
 )
-from fsdptrace.checks.contract import Merged
+from fsdptrace.checks.contract import KEPT_FRAMES, Merged
 from fsdptrace.checks.kernel.tables import RankTables
 from fsdptrace.checks.stalled_rank import NAME as STALLED_RANK
 from fsdptrace.reading import chunk_gaps, endings, flight_recorder, incomplete, reader
@@ -46,14 +46,10 @@ def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
                      fetch_orders: Callable[[list[int], pd.DataFrame], pd.DataFrame],
                      fetch_prefetch: Callable[[list[int]], pd.DataFrame]) -> pd.DataFrame:
     """The reduce step: the across-ranks checks, merged with the per-rank findings."""
-    cat = _concat_field
-    merged = Merged(signatures=cat(summaries, "signatures"),
-                    config_signatures=cat(summaries, "config_signatures"),
-                    unit_sets=cat(summaries, "unit_sets"), last=cat(summaries, "last"),
-                    ends=cat(summaries, "ends"), meta=cat(summaries, "meta"),
+    merged = Merged(**{name: _concat_field(summaries, name) for name in KEPT_FRAMES},
                     ranks=sorted({r for s in summaries for r in s.ranks}),
-                    fetch_orders=fetch_orders, fetch_prefetch=fetch_prefetch,
-                    summaries=_concat_summaries(summaries))
+                    summaries=_concat_summaries(summaries),
+                    fetch_orders=fetch_orders, fetch_prefetch=fetch_prefetch)
     found = {check.name: check.run_across_ranks(merged)
              for check in selected(with_causes(names) - {STALLED_RANK}, ACROSS_RANKS)}
     if STALLED_RANK in names:
@@ -61,7 +57,7 @@ def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
                   and c.name in found]
         found[STALLED_RANK] = stalled_rank.check(replace(
             merged, divergences=findings.combine(causes)))
-    return findings.combine([cat(summaries, "findings")]
+    return findings.combine([_concat_field(summaries, "findings")]
                             + [found[c.name] for c in selected(set(names), ACROSS_RANKS)])
 
 

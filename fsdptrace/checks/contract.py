@@ -10,7 +10,7 @@ each rank names a ``summarize`` function, which the map step runs for it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -22,13 +22,10 @@ PER_RANK = "per-rank"
 ACROSS_RANKS = "across-ranks"
 
 
-@dataclass(frozen=True)
-class Merged:
-    """Every rank's map-step summaries, concatenated, for the across-ranks checks.
-
-    ``fetch_orders(ranks, wanted)`` re-reads the positioned orders of the ``wanted`` passes;
-    ``fetch_prefetch(ranks)`` the prefetch edges of ``ranks``: only what a finding spells out.
-    """
+@dataclass(frozen=True, kw_only=True)
+class Kept:
+    """What the map step keeps of ranks for the across-ranks checks: of one batch of ranks in
+    the map step's ``RankSummary``, of every rank, concatenated, in ``Merged``."""
 
     signatures: pd.DataFrame
     config_signatures: pd.DataFrame
@@ -37,10 +34,24 @@ class Merged:
     ends: pd.DataFrame
     meta: pd.DataFrame
     ranks: list[int]
+    # Per across-ranks check with a ``summarize``: what it keeps of each rank.
+    summaries: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+# The frames of ``Kept``: what the reduce step concatenates rank after rank.
+KEPT_FRAMES = tuple(f.name for f in fields(Kept) if f.name not in ("ranks", "summaries"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Merged(Kept):
+    """Every rank's map-step summaries, concatenated, for the across-ranks checks.
+
+    ``fetch_orders(ranks, wanted)`` re-reads the positioned orders of the ``wanted`` passes;
+    ``fetch_prefetch(ranks)`` the prefetch edges of ``ranks``: only what a finding spells out.
+    """
+
     fetch_orders: Callable[[list[int], pd.DataFrame], pd.DataFrame]
     fetch_prefetch: Callable[[list[int]], pd.DataFrame]
-    # Per across-ranks check with a ``summarize``: every rank's summary, concatenated.
-    summaries: dict[str, pd.DataFrame] = field(default_factory=dict)
     # The errors of the cross-rank checks the hang verdict reads as causes (check 6), when the
     # reduce step ran them already; None: the verdict runs them itself.
     divergences: pd.DataFrame | None = None
