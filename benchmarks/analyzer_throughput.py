@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.run_dir:
         print_table([bench_run_dir(path, args.repeats) for path in args.run_dir])
         return
+    if args.work_dir:
+        Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work_dir) as work:
         rows = []
         for size in sizes:
