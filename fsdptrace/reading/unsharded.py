@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 _HOLD, _FREE = "issue", ("reshard", "drop")
+_NONE = np.empty(0, dtype=np.int64)  # a pass that held nothing at its peak
 _PASS = ["rank", "step", "micro_step", "phase"]
 TIMELINE_COLUMNS = ["rank", "seq", "t_ns", "step", "micro_step", "phase", "unit", "group",
                     "event", "num_bytes", "held_bytes"]
@@ -45,6 +47,8 @@ def timeline(allgathers: pd.DataFrame) -> pd.DataFrame:
                 state.pop(key, None)  # a reshard of a group held before recording began
             held.append(sum(state.values()))
     rows = rows.sort_values(["rank", "seq"], kind="stable").reset_index(drop=True)
+    for column in ("phase", "unit", "event"):
+        rows[column] = rows[column].astype(str)
     rows["held_bytes"] = pd.Series(held, dtype="int64")
     return rows[TIMELINE_COLUMNS]
 
@@ -64,51 +68,112 @@ def peaks(allgathers: pd.DataFrame, *, by_design: frozenset[str] = frozenset()
     pass, with that pass: the usual cause of an excess. Units in ``by_design`` (a root FSDP2
     keeps unsharded from forward into backward) count toward the floor when held from earlier.
     """
-    rows = _lifecycle(allgathers)
-    out = []
+    rows = _lifecycle(allgathers).reset_index(drop=True)
     all_floors = _floors(allgathers) if len(rows) else {}
-    for rank, frame in rows.groupby("rank", sort=True):
-        state: dict[tuple, _Holding] = {}
-        best: dict[tuple, tuple[int, list[_Holding]]] = {}
-        total = 0  # bytes held in ``state``, kept as it changes
-        # Plain lists: iterating Arrow-backed columns row by row costs more than the replay.
-        columns = [frame[c].tolist() for c in ("step", "micro_step", "phase", "unit", "group",
-                                                 "event", "num_bytes")]
-        for step, micro_step, phase, unit, group, event, num_bytes in zip(*columns,
-                                                                          strict=True):
-            where = (int(step), int(micro_step), str(phase))
-            if where not in best:  # what the pass inherits counts from its start
-                best[where] = (total, list(state.values()))
-            key = (str(unit), int(group))
-            dropped = state.pop(key, None)
-            if dropped is not None:
-                total -= dropped.num_bytes
-            if event == _HOLD:
-                state[key] = _Holding(str(unit), int(num_bytes), where)
-                total += int(num_bytes)
-            if total > best[where][0]:
-                best[where] = (total, list(state.values()))
-        for where, (peak, holding) in best.items():
-            earlier = [h for h in holding if h.since != where]
-            floor = all_floors.get((int(rank), *where), 0) + sum(h.num_bytes for h in earlier
-                                               if h.unit in by_design)
-            causes = sorted((h for h in earlier if h.unit not in by_design),
-                            key=lambda h: -h.num_bytes)
-            out.append({
-                "rank": int(rank), "step": where[0], "micro_step": where[1], "phase": where[2],
-                "peak_bytes": peak, "floor_bytes": floor, "excess_bytes": max(0, peak - floor),
-                "peak_units": ",".join(h.unit for h in sorted(holding,
-                                                              key=lambda h: -h.num_bytes)),
-                "held_from_earlier": ",".join(
-                    f"{h.unit} (since step {h.since[0]}, micro-step {h.since[1]}, "
-                    f"{h.since[2]})" for h in earlier),
-                "largest_earlier_unit": causes[0].unit if causes else None,
-            })
+    replay = _Replay(rows) if len(rows) else None
+    out = []
+    for index, (rank, step, micro_step, phase) in enumerate(replay.passes if replay else ()):
+        where = (int(step), int(micro_step), str(phase))
+        holding = replay.holding(index)
+        earlier = [h for h in holding if h.since != where]
+        floor = all_floors.get((int(rank), *where), 0) + sum(h.num_bytes for h in earlier
+                                                             if h.unit in by_design)
+        causes = sorted((h for h in earlier if h.unit not in by_design),
+                        key=lambda h: -h.num_bytes)
+        peak = int(replay.peak[index])
+        out.append({
+            "rank": int(rank), "step": where[0], "micro_step": where[1], "phase": where[2],
+            "peak_bytes": peak, "floor_bytes": floor, "excess_bytes": max(0, peak - floor),
+            "peak_units": ",".join(h.unit for h in sorted(holding, key=lambda h: -h.num_bytes)),
+            "held_from_earlier": ",".join(
+                f"{h.unit} (since step {h.since[0]}, micro-step {h.since[1]}, "
+                f"{h.since[2]})" for h in earlier),
+            "largest_earlier_unit": causes[0].unit if causes else None,
+        })
     frame = pd.DataFrame(out, columns=PEAK_COLUMNS)
     order = frame["phase"].map({"forward": 0, "backward": 1})
     return (frame.assign(_order=order).sort_values(["rank", "step", "micro_step", "_order"],
                                                     kind="stable")
             .drop(columns="_order").reset_index(drop=True))
+
+
+class _Replay:
+    """Every rank's issues and frees replayed at once, on arrays (a replay row by row in
+    Python cost 0.3 s per deep rank, most of check 13).
+
+    A (rank, unit, group) holds an issue's bytes until its next free or issue; the bytes a
+    rank holds after a row are the running sum of what each row changed. A pass's peak is the
+    first row of the pass where that sum is highest, or what it inherited from the row before
+    its first when nothing in it went higher. What is held at a peak is, of each of the rank's
+    groups, the last row at or before it, where that row is an issue: in the order issued.
+    """
+
+    def __init__(self, rows: pd.DataFrame) -> None:
+        n = len(rows)
+        rank = rows["rank"].to_numpy(dtype=np.int64)
+        issue = (rows["event"] == _HOLD).to_numpy()
+        size = np.where(issue, rows["num_bytes"].to_numpy(dtype=np.int64), 0)
+        key = rows.groupby(["rank", "unit", "group"], sort=False, observed=True).ngroup().to_numpy()
+        before = pd.Series(size).groupby(key).shift(1, fill_value=0).to_numpy(dtype=np.int64)
+        held = pd.Series(size - before).groupby(rank).cumsum().to_numpy(dtype=np.int64)
+        where = rows.groupby(["rank", "step", "micro_step", "phase"], sort=False, observed=True)
+        passes = where.ngroup().to_numpy()
+        first = where.head(1).index.to_numpy()  # each pass's first row, in pass order
+        self.passes = rows.loc[first, ["rank", "step", "micro_step", "phase"]].itertuples(
+            index=False, name=None)
+        # What a pass inherits: held after the row before its first, on the same rank.
+        previous = first - 1
+        same = (previous >= 0) & (rank[np.maximum(previous, 0)] == rank[first])
+        inherited = np.where(same, held[np.maximum(previous, 0)], 0)
+        top = pd.Series(held).groupby(passes).transform("max").to_numpy()
+        at_top = held == top
+        reached = pd.Series(np.flatnonzero(at_top)).groupby(passes[at_top]).first()
+        top_of = pd.Series(top).groupby(passes).first().to_numpy()
+        rose = top_of > inherited
+        self.peak = np.where(rose, top_of, inherited)
+        # The row whose state is the peak; -1: nothing held (before the rank's first row).
+        self.row = np.where(rose, reached.reindex(range(len(first))).to_numpy(),
+                            np.where(same, previous, -1)).astype(np.int64)
+        self._held = self._held_at(rank, key, issue, n)
+        self._columns = [rows[c].tolist() for c in ("unit", "num_bytes", "step", "micro_step",
+                                                     "phase")]
+
+    def _held_at(self, rank: np.ndarray, key: np.ndarray, issue: np.ndarray, n: int
+                 ) -> dict[int, np.ndarray]:
+        """Per peak row, the rows of the issues held after it, in the order issued."""
+        wanted = np.unique(self.row[self.row >= 0])
+        if not len(wanted):
+            return {}
+        by_key = np.lexsort((np.arange(n), key))
+        code = key[by_key].astype(np.int64) * (n + 1) + by_key
+        key_rank = pd.Series(rank).groupby(key).first()  # key id -> its rank
+        keys_of = {r: ids.to_numpy() for r, ids in
+                   pd.Series(key_rank.index.to_numpy()).groupby(key_rank.to_numpy())}
+        found: dict[int, np.ndarray] = {}
+        for r, snaps in pd.Series(wanted).groupby(rank[wanted]):
+            keys = keys_of[r]
+            snap, k = np.repeat(snaps.to_numpy(), len(keys)), np.tile(keys, len(snaps))
+            at = np.searchsorted(code, k * (n + 1) + snap, side="right") - 1
+            valid = at >= 0
+            valid[valid] &= code[at[valid]] // (n + 1) == k[valid]
+            last = by_key[np.where(valid, at, 0)]
+            live = valid & issue[last]
+            snap, last = snap[live], last[live]
+            if not len(snap):
+                continue  # nothing held at any of this rank's peaks
+            order = np.lexsort((last, snap))
+            snap, last = snap[order], last[order]
+            cuts = np.flatnonzero(np.r_[True, snap[1:] != snap[:-1]])
+            for start, end in zip(cuts, np.r_[cuts[1:], len(snap)], strict=True):
+                found[int(snap[start])] = last[start:end]
+        return found
+
+    def holding(self, index: int) -> list[_Holding]:
+        """What the pass ``index`` held at its peak."""
+        unit, num_bytes, step, micro_step, phase = self._columns
+        return [_Holding(str(unit[r]), int(num_bytes[r]),
+                         (int(step[r]), int(micro_step[r]), str(phase[r])))
+                for r in self._held.get(int(self.row[index]), _NONE).tolist()]
 
 
 def _floors(allgathers: pd.DataFrame) -> dict[tuple, int]:
@@ -121,30 +186,38 @@ def _floors(allgathers: pd.DataFrame) -> dict[tuple, int]:
     """
     if not len(allgathers):
         return {}
-    keys = {"rank": allgathers["rank"].astype("int64"), "step": allgathers["step"].astype("int64"),
-            "micro_step": allgathers["micro_step"].astype("int64"),
-            "phase": allgathers["phase"].astype(str)}
-    frame = pd.DataFrame({**keys, "unit": allgathers["unit"].astype(str),
-                          "num_bytes": allgathers["num_bytes"].astype("int64")})
+    unit, issuer = _shared_codes(allgathers["unit"], allgathers["issuer_unit"])
+    phase = allgathers["phase"].astype("category")
+    frame = pd.DataFrame({"rank": allgathers["rank"].astype("int64").to_numpy(),
+                          "step": allgathers["step"].astype("int64").to_numpy(),
+                          "micro_step": allgathers["micro_step"].astype("int64").to_numpy(),
+                          "phase": phase.cat.codes.to_numpy(), "unit": unit,
+                          "num_bytes": allgathers["num_bytes"].astype("int64").to_numpy()})
     own = frame.groupby([*_PASS, "unit"], sort=False)["num_bytes"].max()
-    prefetched = ((allgathers["event"].astype(str) == _HOLD)
-                  & allgathers["issuer_kind"].astype(str).isin(["prefetch", "implicit"])).to_numpy()
-    by_issuer = frame[prefetched].assign(unit=allgathers["issuer_unit"].astype(str)[prefetched])
+    prefetched = ((allgathers["event"] == _HOLD)
+                  & allgathers["issuer_kind"].isin(["prefetch", "implicit"])).to_numpy()
+    by_issuer = frame[prefetched].assign(unit=issuer[prefetched])
     extra = by_issuer.groupby([*_PASS, "unit"], sort=False)["num_bytes"].sum()
     need = own.add(extra.reindex(own.index).fillna(0), fill_value=0)
-    return {(int(r), int(s), int(m), str(p)): int(v)
+    phases = phase.cat.categories.astype(str)
+    return {(int(r), int(s), int(m), phases[p]): int(v)
             for (r, s, m, p), v in need.groupby(level=_PASS, sort=False).max().items()}
+
+
+def _shared_codes(unit: pd.Series, issuer: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Two name columns as codes of one vocabulary (-1: no name)."""
+    unit, issuer = unit.astype("category"), issuer.astype("category")
+    names = unit.cat.categories.union(issuer.cat.categories)
+    return (unit.cat.set_categories(names).cat.codes.to_numpy(),
+            issuer.cat.set_categories(names).cat.codes.to_numpy())
 
 
 def _lifecycle(allgathers: pd.DataFrame) -> pd.DataFrame:
     """Issues, reshards and drops in order; none for a run recorded before reshards were (its
-    holds would never end)."""
-    events = allgathers["event"].astype(str) if len(allgathers) else pd.Series(dtype=str)
-    if not (events == "reshard").any():
+    holds would never end). Names stay as the table holds them (category codes, not text)."""
+    if not len(allgathers) or not (allgathers["event"] == "reshard").any():
         return pd.DataFrame(columns=TIMELINE_COLUMNS[:-1])
-    rows = allgathers[events.isin([_HOLD, *_FREE])].copy()
-    for column in ("phase", "unit", "event"):
-        rows[column] = rows[column].astype(str)
+    rows = allgathers[allgathers["event"].isin([_HOLD, *_FREE]).to_numpy()]
     return rows.sort_values(["rank", "seq"], kind="stable")[TIMELINE_COLUMNS[:-1]]
 
 

@@ -1,0 +1,74 @@
+"""The ledger's replay on arrays (``unsharded._Replay``) against the replay as the ledger
+defines it, row by row, on random lifecycles.
+
+The real-job tests (``test_unsharded.py``) see what FSDP2 does; these see what it might do on
+jobs we have not run: a group issued again before its free, frees of groups never issued
+(gathered before recording began), passes whose rows interleave, several ranks, ties.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fsdptrace.reading import unsharded
+
+UNITS = ["<root>", "a", "b", "c"]
+PHASES = ["forward", "backward"]
+
+
+def reference(rows: pd.DataFrame, by_design: frozenset[str]) -> list[tuple]:
+    """Per pass, in the order passes first appear: (rank, step, micro_step, phase, peak,
+    held units by size, held from earlier), replayed one row at a time."""
+    out = []
+    for rank, frame in rows.groupby("rank", sort=True):
+        state: dict[tuple, tuple[str, int, tuple]] = {}
+        best: dict[tuple, tuple[int, list]] = {}
+        for step, micro, phase, unit, group, event, size in frame[
+                ["step", "micro_step", "phase", "unit", "group", "event", "num_bytes"]
+        ].itertuples(index=False, name=None):
+            where = (step, micro, phase)
+            if where not in best:
+                best[where] = (sum(h[1] for h in state.values()), list(state.values()))
+            state.pop((unit, group), None)
+            if event == "issue":
+                state[(unit, group)] = (unit, size, where)
+            total = sum(h[1] for h in state.values())
+            if total > best[where][0]:
+                best[where] = (total, list(state.values()))
+        for where, (peak, held) in best.items():
+            earlier = [h for h in held if h[2] != where]
+            out.append((rank, *where, peak,
+                        ",".join(h[0] for h in sorted(held, key=lambda h: -h[1])),
+                        ",".join(f"{h[0]} (since step {h[2][0]}, micro-step {h[2][1]}, "
+                                 f"{h[2][2]})" for h in earlier)))
+    return out
+
+
+row = st.tuples(st.integers(0, 1), st.integers(0, 2), st.integers(0, 1),
+                st.sampled_from(PHASES), st.sampled_from(UNITS), st.integers(0, 1),
+                st.sampled_from(["issue", "issue", "reshard", "drop"]),
+                st.sampled_from([1, 2, 4, 8]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(row, min_size=1, max_size=40), st.booleans())
+def test_the_replay_on_arrays_is_the_replay_row_by_row(rows: list[tuple], root: bool) -> None:
+    frame = pd.DataFrame(rows, columns=["rank", "step", "micro_step", "phase", "unit", "group",
+                                        "event", "num_bytes"])
+    frame["event"] = frame["event"].where(frame.index > 0, "reshard")  # the ledger is on
+    frame.loc[len(frame)] = [0, 0, 0, "forward", "a", 0, "reshard", 1]
+    frame = frame.assign(seq=range(len(frame)), t_ns=0, issuer_kind="own", issuer_unit=None)
+    for column in ("phase", "unit", "event"):
+        frame[column] = frame[column].astype("category")
+    by_design = frozenset({"<root>"}) if root else frozenset()
+    got = unsharded.peaks(frame, by_design=by_design)
+    expected = pd.DataFrame(reference(frame, by_design),
+                            columns=["rank", "step", "micro_step", "phase", "peak_bytes",
+                                     "peak_units", "held_from_earlier"])
+    order = expected["phase"].map({"forward": 0, "backward": 1})
+    expected = (expected.assign(_o=order).sort_values(["rank", "step", "micro_step", "_o"],
+                                                      kind="stable")
+                .drop(columns="_o").reset_index(drop=True))
+    pd.testing.assert_frame_equal(got[expected.columns], expected, check_dtype=False)
