@@ -46,8 +46,9 @@ def redundant(allgathers: pd.DataFrame, events: pd.DataFrame, *,
               settings: pd.DataFrame | None = None) -> pd.DataFrame:
     """One finding per (rank, step, edge) that did no work in the step and was a no-op FSDP2
     made of a target gathered by something else at one call or more."""
-    if not len(allgathers):
-        return findings.empty()
+    if not len(allgathers) or not ((allgathers["issuer_kind"] == "prefetch")
+                                   & (allgathers["event"] == "noop")).any():
+        return findings.empty()  # no prefetch was a no-op: no edge is dead
     rows = plain(allgathers)
     tried = rows[(rows["issuer_kind"] == "prefetch") & rows["event"].isin(["issue", "noop"])]
     noop = (tried["event"] == "noop") & tried["detail"].isin(list(_STATES))

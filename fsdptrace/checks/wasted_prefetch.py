@@ -41,7 +41,15 @@ def wasted(allgathers: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     """Every prefetched all-gather held past its pass or dropped, one finding per issue."""
     if not len(allgathers):
         return findings.empty()
-    issues = paired(plain(allgathers))
+    # Only the groups a prefetch gathered can hold a wasted prefetch: the rest (most rows of
+    # a run whose units gather their own) never become text.
+    group = ["rank", "unit", "group"]
+    prefetched = allgathers[(allgathers["event"] == "issue")
+                            & allgathers["issuer_kind"].isin(PREFETCH_KINDS)][group]
+    if not len(prefetched):
+        return findings.empty()
+    mine = allgathers[group].merge(prefetched.drop_duplicates(), how="left", indicator=True)
+    issues = paired(plain(allgathers[(mine["_merge"] == "both").to_numpy()]))
     ended = issues[issues["end_event"].isin(["consume", "drop"])
                    & issues["issuer_kind"].isin(PREFETCH_KINDS)]
     same_pass = ((ended["end_step"] == ended["step"])
