@@ -33,7 +33,8 @@ def check(tables: RankTables) -> pd.DataFrame:
     units = tables.frame("units")
     roots = frozenset(units.loc[units["is_root"].astype(bool), "unit"].astype(str))
     allgathers = tables.frame("allgathers")
-    peaks = unsharded.peaks(allgathers, by_design=roots)  # per rank, all ranks at once
+    # Per rank, all ranks at once; only the passes whose excess may pass the threshold.
+    peaks = unsharded.peaks(allgathers, by_design=roots, min_excess=MIN_EXCESS_BYTES)
     big = peaks[(peaks["excess_bytes"] >= MIN_EXCESS_BYTES)
                 & (peaks["excess_bytes"] >= MIN_EXCESS_SHARE * peaks["floor_bytes"])]
     if not len(big):

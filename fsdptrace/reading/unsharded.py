@@ -60,19 +60,29 @@ class _Holding:
     since: tuple  # (step, micro_step, phase) of the issue
 
 
-def peaks(allgathers: pd.DataFrame, *, by_design: frozenset[str] = frozenset()
-          ) -> pd.DataFrame:
+def peaks(allgathers: pd.DataFrame, *, by_design: frozenset[str] = frozenset(),
+          min_excess: int = 0) -> pd.DataFrame:
     """Per pass: the peak of bytes held, the units making it up, the floor and the excess.
 
     ``held_from_earlier`` names the units at the peak whose gather was issued in an earlier
     pass, with that pass: the usual cause of an excess. Units in ``by_design`` (a root FSDP2
     keeps unsharded from forward into backward) count toward the floor when held from earlier.
+    ``min_excess``: only the passes whose excess may reach it (their peak is that far above
+    the configuration's floor), for a check that reports no other.
     """
     rows = _lifecycle(allgathers).reset_index(drop=True)
     all_floors = _floors(allgathers) if len(rows) else {}
     replay = _Replay(rows) if len(rows) else None
+    passes = list(replay.passes) if replay else []
+    needs = np.array([all_floors.get((int(r), int(s), int(m), str(p)), 0)
+                      for r, s, m, p in passes], dtype=np.int64)
+    kept = np.flatnonzero((replay.peak - needs >= min_excess) | (min_excess <= 0)
+                          ) if replay else []
+    if replay:
+        replay.find_held(kept)
     out = []
-    for index, (rank, step, micro_step, phase) in enumerate(replay.passes if replay else ()):
+    for index in kept:
+        rank, step, micro_step, phase = passes[index]
         where = (int(step), int(micro_step), str(phase))
         holding = replay.holding(index)
         earlier = [h for h in holding if h.since != where]
@@ -109,7 +119,6 @@ class _Replay:
     """
 
     def __init__(self, rows: pd.DataFrame) -> None:
-        n = len(rows)
         rank = rows["rank"].to_numpy(dtype=np.int64)
         issue = (rows["event"] == _HOLD).to_numpy()
         size = np.where(issue, rows["num_bytes"].to_numpy(dtype=np.int64), 0)
@@ -134,14 +143,19 @@ class _Replay:
         # The row whose state is the peak; -1: nothing held (before the rank's first row).
         self.row = np.where(rose, reached.reindex(range(len(first))).to_numpy(),
                             np.where(same, previous, -1)).astype(np.int64)
-        self._held = self._held_at(rank, key, issue, n)
+        self._rank, self._key, self._issue = rank, key, issue
+        self._held: dict[int, np.ndarray] = {}
         self._columns = [rows[c].tolist() for c in ("unit", "num_bytes", "step", "micro_step",
                                                      "phase")]
 
-    def _held_at(self, rank: np.ndarray, key: np.ndarray, issue: np.ndarray, n: int
-                 ) -> dict[int, np.ndarray]:
-        """Per peak row, the rows of the issues held after it, in the order issued."""
-        wanted = np.unique(self.row[self.row >= 0])
+    def find_held(self, passes: np.ndarray) -> None:
+        """Find what ``passes`` held at their peaks (``holding``)."""
+        rows = self.row[passes]
+        self._held = self._held_at(np.unique(rows[rows >= 0]))
+
+    def _held_at(self, wanted: np.ndarray) -> dict[int, np.ndarray]:
+        """Per row of ``wanted``, the rows of the issues held after it, in the order issued."""
+        rank, key, issue, n = self._rank, self._key, self._issue, len(self._rank)
         if not len(wanted):
             return {}
         by_key = np.lexsort((np.arange(n), key))
