@@ -74,8 +74,11 @@ class PartWriter:
         # table -> (segment index, end of the bytes written there when last mirrored)
         self.mirrored: dict[str, tuple[int, int]] = {}
         self._marked: tuple[int, int] | None = None  # the position the run dir last got
-        # where the rank was when a pass last found the run dir holding every row
-        self._whole_at: tuple[int, int] | None = None
+        # Where the rank was when a pass last found the run dir holding every row; before the
+        # first pass, at the start (a writer killed in its first pass, which converts and
+        # copies everything recorded so far, table after table, left no mark: CI saw a rank
+        # read alone with events missing for 3 steps its gradients had).
+        self._whole_at: tuple[int, int] = (0, 0)
         self.bytes_written = 0
         self.on_part: Callable[[int], None] = lambda size: None  # the process reports sizes
         self._schemas: dict[str, pa.Schema] = {}
@@ -245,11 +248,11 @@ class PartWriter:
         A pass whose second copy finds nothing new leaves the run dir holding every row (a
         rank waiting in a hung collective, a pause): then nothing is said to be missing, for a
         watcher reading it elsewhere must see the stopped pass whole. The next pass that has
-        rows to copy says first where that whole copy ended, before it copies any."""
+        rows to copy says first where that whole copy ended, before it copies any; so does
+        the first pass, from the start (it converts and copies all recorded so far)."""
         at = unwritten.position(self.segment_dir, self.writer_id) if (
             self.segment_dir != self.journal_dir) else None
-        if at is not None and self._marked is None and self._whole_at is not None and (
-                self._anything_to_copy()):
+        if at is not None and self._marked is None and self._anything_to_copy():
             self._mark(self._whole_at)
         self.convert(final=False)
         self.mirror()
