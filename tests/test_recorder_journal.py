@@ -411,9 +411,16 @@ def test_a_pass_cut_short_after_a_quiet_one_leaves_its_tail_said(
     monkeypatch.undo()
     process.flush()  # the next pass copies everything, finds nothing more, forgets the mark
     assert _loss_marks(run_dir, writer_id) == []
+    # An optimizer boundary converts filled segments between passes: rows land then too, so
+    # it says first where the whole copy ended (CI: a boundary's part put a table 5 steps
+    # ahead of the others, with no mark).
+    _append_events(recorder, 251, 300)
+    process.convert_filled()
+    assert {(m["first_step"], m["first_micro_step"]) for m in _loss_marks(run_dir, writer_id)
+            } == {(2, 0)}
     with monkeypatch.context() as remote:
         remote.setenv(journal_hot.HOT_DIR_ENV, "off")
-        assert _seqs(run_dir) == list(range(1, 251))
+        assert _seqs(run_dir)[:250] == list(range(1, 251))
     for table in recorder.tables.values():
         table.seal()
     shutil.rmtree(recorder.segment_dir, ignore_errors=True)

@@ -50,7 +50,9 @@ from fsdptrace.record import unwritten
 from fsdptrace.store import journal_hot, journal_read, schema
 from fsdptrace.store.full_writes import write_all
 from fsdptrace.store.journal_format import (
+    HEADER,
     JOURNAL_DIR,
+    KIND_FRAMED,
     RANGE_PART_FILE,
     RANGE_PART_NAME,
     SEGMENT_FILE,
@@ -71,9 +73,12 @@ class PartWriter:
         self._paths: dict[tuple[str, int], Path] = {}  # where segments() found each segment
         # table -> last segment index turned into Parquet (by this writer id, in any process)
         self.converted: dict[str, int] = self._already_converted()
-        # table -> (segment index, end of the bytes written there when last mirrored)
-        self.mirrored: dict[str, tuple[int, int]] = {}
+        # table -> (segment index, end of the bytes written, end of the complete records)
+        self.mirrored: dict[str, tuple[int, int, int]] = {}
+        # (table, segment index) -> where a framed segment's records begin (None: fixed slots)
+        self._framed_from: dict[tuple[str, int], int | None] = {}
         self._marked: tuple[int, int] | None = None  # the position the run dir last got
+        self._at: tuple[int, int] | None = None  # where the rank was at the last pass
         # Where the rank was when a pass last found the run dir holding every row; before the
         # first pass, at the start (a writer killed in its first pass, which converts and
         # copies everything recorded so far, table after table, left no mark: CI saw a rank
@@ -163,13 +168,15 @@ class PartWriter:
         """Copy each open segment's new bytes into the run dir's journal; whether any table's
         copy grew (False: nothing was recorded since the last pass).
 
-        Bytes well before the end of what the last pass found written do not change (a row
-        is complete before the next begins), so each pass copies from a page below that end
-        on: a row being written then is copied again whole. (The end, not what was copied:
-        a pass copies a page of zeros past the end, and the rows written there since were
-        skipped by every later pass, a hole that read as rows never written.) A copy that
-        does not land whole (a short write: the disk had room for part of it) raises and
-        leaves the offset where it was; the bytes it did write are copied again next time.
+        Bytes before a record still being written do not change, so each pass copies from
+        the lower of a page below the end of what the last pass found written and the start
+        of the first record it found incomplete: that record is copied again whole. (A framed
+        record is written leading frame last and may be many pages long, the gradients of a
+        whole backward: copying only from a page below the end left its leading frame zero in
+        the run dir, and every later row of the segment unreadable there. The end, not what
+        was copied: a pass copies a page of zeros past the end.) A copy that does not land
+        whole (a short write: the disk had room for part of it) raises and leaves the offset
+        where it was; the bytes it did write are copied again next time.
         """
         before = dict(self.mirrored)
         for name, index, start, tail in self._open_tails():
@@ -181,8 +188,22 @@ class PartWriter:
                 write_all(fd, memoryview(tail)[:used], start)
             finally:
                 os.close(fd)
-            self.mirrored[name] = (index, start + len(tail.rstrip(b"\0")))
+            self.mirrored[name] = self._progress(name, index, start, tail)
         return self.mirrored != before
+
+    def _progress(self, name: str, index: int, start: int, tail: bytes) -> tuple[int, int, int]:
+        """(segment index, end of the bytes written, end of its complete records) of a tail
+        read from ``start``: what a pass copied, and where the next must copy from."""
+        end = start + len(tail.rstrip(b"\0"))
+        if start == 0 and len(tail) >= HEADER.size and any(tail[:HEADER.size]):
+            _, kind, _, first, _ = HEADER.unpack_from(tail)
+            self._framed_from[(name, index)] = first if kind == KIND_FRAMED else None
+        first = self._framed_from.get((name, index))
+        if first is None:
+            return index, end, end  # fixed slots: smaller than a page, the page rule holds
+        seen, _, whole = self.mirrored.get(name, (0, 0, 0))
+        whole = whole if seen == index and start else first
+        return index, end, start + journal_read.complete_records_end(tail, whole - start)
 
     def _open_tails(self) -> Iterator[tuple[str, int, int, bytes]]:
         """(table, segment index, offset, bytes from there on) of each open hot segment: what
@@ -193,8 +214,9 @@ class PartWriter:
             index = indexes[-1]
             if self._segment(name, index).parent != self.segment_dir:
                 continue  # mapped in the run dir already (the hot folder was full)
-            seen, end = self.mirrored.get(name, (0, 0))
-            start = max(0, end - end % _PAGE - _PAGE) if seen == index else 0
+            seen, end, whole = self.mirrored.get(name, (0, 0, 0))
+            start = max(0, min(end - end % _PAGE - _PAGE, whole - whole % _PAGE)
+                        ) if seen == index else 0
             try:
                 with open(self._segment(name, index), "rb") as hot:
                     tail = hot.read() if not start else os.pread(hot.fileno(), 1 << 30, start)
@@ -204,12 +226,13 @@ class PartWriter:
 
     def _anything_to_copy(self) -> bool:
         """Whether the run dir lacks a row the hot folder holds: a segment that filled is
-        left to convert, or an open one holds bytes its last copy did not."""
+        left to convert, or an open one holds bytes or complete records its last copy did
+        not."""
         for name, indexes in self.segments().items():
             if any(i > self.converted.get(name, 0) for i in indexes[:-1]):
                 return True
         return any(journal_hot.used_length(tail)
-                   and self.mirrored.get(name) != (index, start + len(tail.rstrip(b"\0")))
+                   and self.mirrored.get(name) != self._progress(name, index, start, tail)
                    for name, index, start, tail in self._open_tails())
 
     def compact(self) -> None:
@@ -250,10 +273,10 @@ class PartWriter:
         watcher reading it elsewhere must see the stopped pass whole. The next pass that has
         rows to copy says first where that whole copy ended, before it copies any; so does
         the first pass, from the start (it converts and copies all recorded so far)."""
-        at = unwritten.position(self.segment_dir, self.writer_id) if (
-            self.segment_dir != self.journal_dir) else None
-        if at is not None and self._marked is None and self._anything_to_copy():
-            self._mark(self._whole_at)
+        if self.segment_dir == self.journal_dir:
+            self.convert(final=False)
+            return  # every row is in the run dir as it is written
+        at = self._mark_before_copying()
         self.convert(final=False)
         self.mirror()
         if at is None:
@@ -266,6 +289,24 @@ class PartWriter:
             return
         if at != self._marked:
             self._mark(at)
+
+    def convert_filled(self) -> None:
+        """At an optimizer boundary: the segments that filled into Parquet, no mirror. They
+        land in the run dir table after table too, so the mark goes first, as in ``flush``."""
+        if self.segment_dir != self.journal_dir:
+            self._mark_before_copying()
+        self.convert(final=False)
+
+    def _mark_before_copying(self) -> tuple[int, int] | None:
+        """Where the rank is; unless a mark is in place already, say first that rows from
+        where the last whole copy ended may be missing, when there are rows to copy."""
+        # The newest events segment may hold no row yet (it just began): then the rank is
+        # still where the last row of the one before was.
+        at = unwritten.position(self.segment_dir, self.writer_id) or self._at
+        self._at = at
+        if at is not None and self._marked is None and self._anything_to_copy():
+            self._mark(self._whole_at)
+        return at
 
     def _mark(self, at: tuple[int, int]) -> None:
         unwritten.mark_position(self.run_dir, rank=self.rank, writer=self.writer_id,

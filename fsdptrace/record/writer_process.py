@@ -71,7 +71,7 @@ def serve(writer: PartWriter, parent: int, interval_s: float, *, failed: str | N
             *lines, pending = pending.split(b"\n")
             closing = b"close" in lines
             if b"flush" in lines and not failed:  # an optimizer boundary: parts, not mirrors
-                failed = _attempt(lambda: writer.convert(final=False))
+                failed = _attempt(writer.convert_filled)
         if pidfd is not None and pidfd in ready:
             parent_gone = True
         if pidfd is None and os.getppid() != parent:

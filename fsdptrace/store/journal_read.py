@@ -163,6 +163,20 @@ def _fixed_rows(data: bytes, offset: int, table: str, vocab: dict) -> pa.Table:
     return pa.table(columns).cast(schema.TABLES[table].remove_metadata())
 
 
+def complete_records_end(data: bytes, offset: int) -> int:
+    """Where the complete framed records from ``offset`` on end: a record being written has
+    its leading frame still zero (``record.journal.FramedTable`` writes it last)."""
+    end = len(data)
+    while offset + 2 * FRAME.size <= end:
+        (length,) = FRAME.unpack_from(data, offset)
+        stop = offset + FRAME.size + length
+        if (length == 0 or length > MAX_FRAME_BYTES or stop + FRAME.size > end
+                or FRAME.unpack_from(data, stop)[0] != length):
+            break
+        offset = stop + FRAME.size
+    return offset
+
+
 def framed_rows(data: bytes, offset: int) -> Iterable[list]:
     """Each complete framed record's rows; stops at the first record not (yet) complete."""
     end = len(data)
