@@ -25,7 +25,7 @@ from fsdptrace.reading.reader import part_files, read_rank
 from fsdptrace.record.part_writer import PartWriter
 from fsdptrace.record.writer import ChunkWriter
 from fsdptrace.store import journal_hot, schema
-from fsdptrace.store.journal_format import HEADER
+from fsdptrace.store.journal_format import HEADER, SEGMENT_NAME
 from fsdptrace.store.journal_read import read_segment
 
 UNITS = ["<root>", "layers.0", "layers.1"]
@@ -421,6 +421,40 @@ def test_a_pass_cut_short_after_a_quiet_one_leaves_its_tail_said(
     with monkeypatch.context() as remote:
         remote.setenv(journal_hot.HOT_DIR_ENV, "off")
         assert _seqs(run_dir)[:250] == list(range(1, 251))
+    for table in recorder.tables.values():
+        table.seal()
+    shutil.rmtree(recorder.segment_dir, ignore_errors=True)
+
+
+def test_a_record_copied_while_it_was_written_is_copied_again_whole(tmp_path: Path) -> None:
+    """A framed record is written leading frame last and may span pages (the gradients of a
+    whole backward). A pass that copied it mid-write copied a zero frame; the next pass must
+    copy again from that record's start, not from a page below the end, or the run dir
+    alone never reads it nor any later row of the segment."""
+    run_dir, writer_id = tmp_path / "run", "j1_000000004"
+    recorder = ChunkWriter(run_dir, rank=0, version="test", writer_id=writer_id,
+                           segment_bytes=(1 << 16, 1 << 16))
+    markers = recorder.buffer("markers")
+    markers.append((1, 1, 0, 0, "micro_step_begin", 0, ""))
+    process = PartWriter(run_dir, rank=0, version="test", writer_id=writer_id,
+                         segment_dir=recorder.segment_dir)
+    process.mirror()
+    [hot] = [p for p in recorder.segment_dir.iterdir() if p.name.startswith("markers-")]
+    start = markers._pos
+    markers.append((2, 2, 0, 0, "micro_step_begin", 0, "x" * 12000))  # three pages
+    with open(hot, "rb") as segment:
+        frame = os.pread(segment.fileno(), 4, start)
+    fd = os.open(hot, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"\0" * 4, start)  # as the recorder's write looks mid-way
+        process.mirror()
+        os.pwrite(fd, frame, start)  # the record completes
+    finally:
+        os.close(fd)
+    assert process._anything_to_copy()
+    process.mirror()
+    cold = process._cold_segment("markers", int(SEGMENT_NAME.match(hot.name)["index"]))
+    assert read_segment(cold, "markers").column("seq").to_pylist() == [1, 2]
     for table in recorder.tables.values():
         table.seal()
     shutil.rmtree(recorder.segment_dir, ignore_errors=True)
