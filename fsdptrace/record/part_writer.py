@@ -75,8 +75,9 @@ class PartWriter:
         self.converted: dict[str, int] = self._already_converted()
         # table -> (segment index, end of the bytes written, end of the complete records)
         self.mirrored: dict[str, tuple[int, int, int]] = {}
-        # (table, segment index) -> where a framed segment's records begin (None: fixed slots)
-        self._framed_from: dict[tuple[str, int], int | None] = {}
+        # table -> (its open segment's index, where that segment's framed records begin; None:
+        # fixed slots): one entry a table, however many segments a long run makes
+        self._framed_from: dict[str, tuple[int, int | None]] = {}
         self._marked: tuple[int, int] | None = None  # the position the run dir last got
         self._at: tuple[int, int] | None = None  # where the rank was at the last pass
         # Where the rank was when a pass last found the run dir holding every row; before the
@@ -197,9 +198,9 @@ class PartWriter:
         end = start + len(tail.rstrip(b"\0"))
         if start == 0 and len(tail) >= HEADER.size and any(tail[:HEADER.size]):
             _, kind, _, first, _ = HEADER.unpack_from(tail)
-            self._framed_from[(name, index)] = first if kind == KIND_FRAMED else None
-        first = self._framed_from.get((name, index))
-        if first is None:
+            self._framed_from[name] = (index, first if kind == KIND_FRAMED else None)
+        known, first = self._framed_from.get(name, (None, None))
+        if known != index or first is None:
             return index, end, end  # fixed slots: smaller than a page, the page rule holds
         seen, _, whole = self.mirrored.get(name, (0, 0, 0))
         whole = whole if seen == index and start else first
