@@ -16,6 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import forkserver
+from tests.forkserver import ForkedRank
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 # Set to a file to have every launch appended to it as a JSON line (which test, what script):
@@ -39,8 +42,10 @@ class RankResult:
 
 
 def start_ranks(args: list[str], *, nproc: int = 2, env: dict[str, str] | None = None
-                ) -> list[subprocess.Popen]:
-    """Start ``python ARGS...`` once per rank with torchrun's environment variables."""
+                ) -> list[subprocess.Popen | ForkedRank]:
+    """Start ``python ARGS...`` once per rank with torchrun's environment variables, each
+    forked from the test process's fork server (``tests/forkserver.py``: torch imported once)
+    where the environment allows it, else as a fresh interpreter."""
     log_launch(args, nproc)
     port = str(free_port())
     procs = []
@@ -57,9 +62,10 @@ def start_ranks(args: list[str], *, nproc: int = 2, env: dict[str, str] | None =
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
-        procs.append(subprocess.Popen([sys.executable, *args], env=rank_env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, preexec_fn=_sigint_as_in_a_terminal))
+        forked = forkserver.launch([str(a) for a in args], env=rank_env, cwd=REPO)
+        procs.append(forked or subprocess.Popen(
+            [sys.executable, *args], env=rank_env, cwd=REPO, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, preexec_fn=_sigint_as_in_a_terminal))
     return procs
 
 
