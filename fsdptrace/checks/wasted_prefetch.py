@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
-from fsdptrace.reading.allgathers import call_label, paired, plain, repeated_call, with_occurrence
+from fsdptrace.reading.allgathers import (call_label, ended_issues, plain, repeated_call,
+                                          with_occurrence)
 
 if TYPE_CHECKING:
     from fsdptrace.checks.kernel.tables import RankTables
@@ -41,25 +43,39 @@ def wasted(allgathers: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     """Every prefetched all-gather held past its pass or dropped, one finding per issue."""
     if not len(allgathers):
         return findings.empty()
-    # Only the groups a prefetch gathered can hold a wasted prefetch: the rest (most rows of
-    # a run whose units gather their own) never become text.
-    group = ["rank", "unit", "group"]
-    prefetched = allgathers[(allgathers["event"] == "issue")
-                            & allgathers["issuer_kind"].isin(PREFETCH_KINDS)][group]
-    if not len(prefetched):
+    issue, end = ended_issues(allgathers)
+    prefetch = allgathers["issuer_kind"].isin(PREFETCH_KINDS).to_numpy()[issue]
+    issue, end = issue[prefetch], end[prefetch]
+    # Only the issues a check reports become text: most of a run's are consumed in their pass.
+    same_pass = np.ones(len(issue), dtype=bool)
+    for column in _PASS:
+        values = _comparable(allgathers[column])
+        same_pass &= values[issue] == values[end]
+    dropped = (allgathers["event"] == "drop").to_numpy()[end]
+    keep = dropped | ~same_pass
+    if not keep.any():
         return findings.empty()
-    mine = allgathers[group].merge(prefetched.drop_duplicates(), how="left", indicator=True)
-    issues = paired(plain(allgathers[(mine["_merge"] == "both").to_numpy()]))
-    ended = issues[issues["end_event"].isin(["consume", "drop"])
-                   & issues["issuer_kind"].isin(PREFETCH_KINDS)]
-    same_pass = ((ended["end_step"] == ended["step"])
-                 & (ended["end_micro_step"] == ended["micro_step"])
-                 & (ended["end_phase"] == ended["phase"]))
-    wasted = ended[(ended["end_event"] == "drop") | ~same_pass]
-    if not len(wasted):
-        return findings.empty()
+    wasted = _with_ends(plain(allgathers.iloc[issue[keep]]), plain(allgathers.iloc[end[keep]]))
     wasted = with_occurrence(wasted, events)
     return findings.make(NAME, SEVERITY, _located(wasted), _messages(wasted))
+
+
+def _comparable(column: pd.Series) -> np.ndarray:
+    """Values to compare row with row: a categorical's codes, else the values."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy()
+    return column.to_numpy()
+
+
+def _with_ends(issues: pd.DataFrame, ends: pd.DataFrame) -> pd.DataFrame:
+    """The issue rows with their ending row's pass, time and detail as ``end_*`` columns
+    (numbers as float, as a shift within the all-gather's rows gives them)."""
+    out = issues.copy()
+    for column in ("event", "step", "micro_step", "phase", "t_ns", "detail"):
+        values = ends[column].to_numpy()
+        out["end_" + column] = (values.astype("float64") if column in ("step", "micro_step", "t_ns")
+                                else values)
+    return out
 
 
 def _located(rows: pd.DataFrame) -> pd.DataFrame:

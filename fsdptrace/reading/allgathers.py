@@ -4,12 +4,13 @@ Answers the questions the ``allgathers`` table exists for before any check fires
 get gathered more often per optimizer step than its calls need (a wasted or repeated
 prefetch), and how many bytes of gathered-but-unconsumed parameters a rank holds over time.
 Pure functions over the table, so a notebook and ``fsdptrace summary`` share them, and the
-row helpers (``plain``, ``paired``, ``with_occurrence``, ``issuer_text``, ``call_label``) that
+row helpers (``plain``, ``ended_issues``, ``with_occurrence``, ``issuer_text``, ``call_label``) that
 checks 3, 8 and 9 read the table through: facts of the table, not of any one check.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 ISSUER_KINDS = ("own", "prefetch", "implicit", "manual", "recompute", "other")
@@ -135,14 +136,37 @@ def repeated_call(rows: pd.DataFrame) -> pd.Series:
     return rows["num_calls"].isna() | (rows["num_calls"] > 1)
 
 
-def paired(allgathers: pd.DataFrame) -> pd.DataFrame:
-    """Each issue with the consume or drop that ended it (``end_*`` columns; NaN if none)."""
-    life = allgathers[allgathers["event"].isin(["issue", "consume", "drop"])]
-    life = life.sort_values(["rank", "unit", "group", "seq"])
-    after = life.groupby(["rank", "unit", "group"], sort=False).shift(-1)
-    ends = after[["event", "step", "micro_step", "phase", "t_ns", "detail"]].add_prefix("end_")
-    out = pd.concat([life, ends], axis=1)
-    return out[out["event"] == "issue"]
+def ended_issues(allgathers: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each issue that a consume or drop ended, as row positions: ``(issues, ends)``.
+
+    An all-gather's life is the rows of its (rank, unit, group) in ``seq`` order; the row after
+    an issue ends it when it is a consume or a drop (a re-issue before either ends nothing).
+    Positions are ordered by rank, unit name, group and seq. On arrays, so a check turns only
+    the rows it reports into text.
+    """
+    event = allgathers["event"]
+    life = np.flatnonzero(event.isin(["issue", "consume", "drop"]).to_numpy())
+    rank = allgathers["rank"].to_numpy()
+    unit = _codes(allgathers["unit"])
+    group = allgathers["group"].to_numpy()
+    seq = allgathers["seq"].to_numpy()
+    rows = life[np.lexsort((seq[life], group[life], unit[life], rank[life]))]
+    issue, end = rows[:-1], rows[1:]
+    ended = ((rank[issue] == rank[end]) & (unit[issue] == unit[end])
+             & (group[issue] == group[end]) & (event == "issue").to_numpy()[issue]
+             & event.isin(["consume", "drop"]).to_numpy()[end])
+    return issue[ended], end[ended]
+
+
+def _codes(column: pd.Series) -> np.ndarray:
+    """Integer codes ordered as the column's text sorts (categorical or not)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        order = np.argsort(np.asarray(column.cat.categories.astype(str)), kind="stable")
+        rank_of = np.empty(len(order), dtype=np.int64)
+        rank_of[order] = np.arange(len(order))
+        codes = column.cat.codes.to_numpy()
+        return np.where(codes >= 0, rank_of[codes], -1)
+    return pd.factorize(column.astype(str), sort=True)[0]
 
 
 def issuer_text(rows: pd.DataFrame) -> pd.Series:
