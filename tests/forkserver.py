@@ -20,7 +20,6 @@ An environment that differs from the server's in what torch or Python read while
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import runpy

@@ -16,8 +16,13 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
-from fsdptrace.reading.allgathers import (call_label, ended_issues, plain, repeated_call,
-                                          with_occurrence)
+from fsdptrace.reading.allgathers import (
+    call_label,
+    ended_issues,
+    plain,
+    repeated_call,
+    with_occurrence,
+)
 
 if TYPE_CHECKING:
     from fsdptrace.checks.kernel.tables import RankTables

@@ -72,19 +72,20 @@ def peaks(allgathers: pd.DataFrame, *, by_design: frozenset[str] = frozenset(),
     """
     rows = _lifecycle(allgathers).reset_index(drop=True)
     all_floors = _floors(allgathers) if len(rows) else {}
+    out = []
     replay = _Replay(rows) if len(rows) else None
     passes = list(replay.passes) if replay else []
     needs = np.array([all_floors.get((int(r), int(s), int(m), str(p)), 0)
                       for r, s, m, p in passes], dtype=np.int64)
-    kept = np.flatnonzero((replay.peak - needs >= min_excess) | (min_excess <= 0)
-                          ) if replay else []
+    kept = (np.flatnonzero((replay.peak - needs >= min_excess) | (min_excess <= 0))
+            if replay else np.array([], dtype=np.int64))
     if replay:
         replay.find_held(kept)
-    out = []
     for index in kept:
+        assert replay is not None
         rank, step, micro_step, phase = passes[index]
         where = (int(step), int(micro_step), str(phase))
-        holding = replay.holding(index)
+        holding = replay.holding(int(index))
         earlier = [h for h in holding if h.since != where]
         floor = all_floors.get((int(rank), *where), 0) + sum(h.num_bytes for h in earlier
                                                              if h.unit in by_design)
