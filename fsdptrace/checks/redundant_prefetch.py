@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
 from fsdptrace.checks.kernel.settings import value_at
-from fsdptrace.reading.allgathers import issuer_text, plain, with_occurrence
+from fsdptrace.reading.allgathers import issuer_text, plain, text_codes, with_occurrence
 
 if TYPE_CHECKING:
     from fsdptrace.checks.kernel.tables import RankTables
@@ -49,20 +50,32 @@ def redundant(allgathers: pd.DataFrame, events: pd.DataFrame, *,
     if not len(allgathers) or not ((allgathers["issuer_kind"] == "prefetch")
                                    & (allgathers["event"] == "noop")).any():
         return findings.empty()  # no prefetch was a no-op: no edge is dead
-    rows = plain(allgathers)
-    tried = rows[(rows["issuer_kind"] == "prefetch") & rows["event"].isin(["issue", "noop"])]
-    noop = (tried["event"] == "noop") & tried["detail"].isin(list(_STATES))
-    design = noop & _by_design(tried, settings if settings is not None else pd.DataFrame())
+    # The edges on arrays; only the rows of dead edges become text.
+    event = allgathers["event"]
+    tried = np.flatnonzero(((allgathers["issuer_kind"] == "prefetch")
+                            & event.isin(["issue", "noop"])).to_numpy())
+    noop = ((event == "noop") & allgathers["detail"].isin(list(_STATES))).to_numpy()[tried]
+    design = np.zeros(len(tried), dtype=bool)
+    maybe = noop & (allgathers["detail"] == "unsharded").to_numpy()[tried]
+    if maybe.any() and settings is not None:
+        design[maybe] = _by_design(plain(allgathers.iloc[tried[maybe]]), settings).to_numpy()
     # A by-design no-op is neither work nor proof: the edge is dead when it did no work at
     # any call of the step and was a no-op for another reason at one or more.
-    edge = [tried[c] for c in _EDGE]
-    worked = (~noop).groupby(edge).transform("any")
-    proof = (noop & ~design).groupby(edge).transform("any")
-    noops = tried[noop & ~design & ~worked & proof]
-    if not len(noops):
+    _, edge = np.unique(np.stack([_codes(allgathers[c])[tried] for c in _EDGE]), axis=1,
+                        return_inverse=True)
+    edge = edge.reshape(-1)
+    worked = np.bincount(edge, weights=~noop) > 0
+    proof = np.bincount(edge, weights=noop & ~design) > 0
+    dead = (~worked & proof)[edge]
+    if not (dead & noop & ~design).any():
         return findings.empty()
-    num_by_design = design[~worked & proof].groupby(
-        [tried.loc[~worked & proof, c] for c in _EDGE]).sum().rename("num_by_design")
+    tried_rows = plain(allgathers.iloc[tried[dead]])
+    noops = tried_rows[noop[dead] & ~design[dead]]
+    num_by_design = pd.Series(design[dead], index=tried_rows.index).groupby(
+        [tried_rows[c] for c in _EDGE]).sum().rename("num_by_design")
+    units = text_codes(allgathers["unit"])
+    rows = plain(allgathers[((event == "issue").to_numpy()
+                             & np.isin(units, units[tried[dead]]))])
     noops = with_occurrence(_with_gatherer(noops, rows), events)
     gatherer = noops[["gatherer_kind", "gatherer_unit"]].set_axis(
         ["issuer_kind", "issuer_unit"], axis=1)
@@ -89,6 +102,15 @@ def redundant(allgathers: pd.DataFrame, events: pd.DataFrame, *,
                + " prefetch targets, or fix the edge that gathers it")
     located = edges.assign(target=edges["unit"], unit=edges["issuer_unit"])
     return findings.make(NAME, SEVERITY, located, message)
+
+
+def _codes(column: pd.Series) -> np.ndarray:
+    """Values to group rows by: a categorical's codes, numbers as they are, else text codes."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy().astype(np.int64)
+    if pd.api.types.is_integer_dtype(column.dtype):
+        return column.to_numpy(dtype=np.int64)
+    return text_codes(column)
 
 
 def _by_design(tried: pd.DataFrame, settings: pd.DataFrame) -> pd.Series:

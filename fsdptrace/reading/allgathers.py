@@ -105,6 +105,10 @@ def with_occurrence(rows: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     if not len(rows):
         return rows.assign(occurrence=pd.Series(dtype="Int64"), num_calls=pd.Series(dtype="Int64"))
     keys = ["rank", "step", "micro_step", "phase", "issuer_unit"]
+    # Only the issuing units' entries on the rows' ranks can match (a unit's calls are
+    # counted among its own entries): the rest of a run's events never become text.
+    events = events[events["unit"].isin(rows["issuer_unit"].dropna().astype(str).unique())
+                    & events["rank"].isin(rows["rank"].unique())]
     entries = events.assign(
         rank=events["rank"].astype("int64"), step=events["step"].astype("int64"),
         micro_step=events["micro_step"].astype("int64"), phase=events["phase"].astype(str),
@@ -147,7 +151,7 @@ def ended_issues(allgathers: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     event = allgathers["event"]
     life = np.flatnonzero(event.isin(["issue", "consume", "drop"]).to_numpy())
     rank = allgathers["rank"].to_numpy()
-    unit = _codes(allgathers["unit"])
+    unit = text_codes(allgathers["unit"])
     group = allgathers["group"].to_numpy()
     seq = allgathers["seq"].to_numpy()
     rows = life[np.lexsort((seq[life], group[life], unit[life], rank[life]))]
@@ -158,8 +162,9 @@ def ended_issues(allgathers: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return issue[ended], end[ended]
 
 
-def _codes(column: pd.Series) -> np.ndarray:
-    """Integer codes ordered as the column's text sorts (categorical or not)."""
+def text_codes(column: pd.Series) -> np.ndarray:
+    """Integer codes ordered as the column's text sorts (categorical or not; null is -1 in a
+    categorical)."""
     if isinstance(column.dtype, pd.CategoricalDtype):
         order = np.argsort(np.asarray(column.cat.categories.astype(str)), kind="stable")
         rank_of = np.empty(len(order), dtype=np.int64)
