@@ -286,9 +286,10 @@ def _main() -> None:
     try:
         _serve(control)
     except _BecomeRank as become:
-        _become(become.request)
-        return
-    sys.exit(0)
+        request = become.request
+    else:
+        sys.exit(0)
+    _become(request)  # outside the handler: the script's exceptions get no context from it
 
 
 if __name__ == "__main__":
