@@ -102,6 +102,10 @@ def peaks(allgathers: pd.DataFrame, *, by_design: frozenset[str] = frozenset(),
             "largest_earlier_unit": causes[0].unit if causes else None,
         })
     frame = pd.DataFrame(out, columns=PEAK_COLUMNS)
+    # None where no earlier unit is held, whatever pandas infers: a text column with some
+    # missing values reads them as NaN, and a NaN cause is not None (check 13's message).
+    cause = frame["largest_earlier_unit"].astype(object)
+    frame["largest_earlier_unit"] = cause.where(cause.notna(), None)
     order = frame["phase"].map({"forward": 0, "backward": 1})
     return (frame.assign(_order=order).sort_values(["rank", "step", "micro_step", "_order"],
                                                     kind="stable")
