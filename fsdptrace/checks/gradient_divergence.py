@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 NAME = "gradient-divergence"
 SEVERITY = findings.ERROR
 SLOT = ["rank", "step", "micro_step", "unit"]
+_BITMAP_LIMIT = 1 << 24  # slots x parameters up to which distinct keys are marked, not sorted
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # keeps a signature from being a plain sum of hashes
 # What a unit's next syncing post-backward reduce-scatters: gradients written in this backward,
 # carried from a no-sync micro-step, or zeros FSDP2 was told to fill in.
@@ -86,7 +87,9 @@ def _joined_params(rows: pd.DataFrame, name: str) -> pd.DataFrame:
     names = params.categories.astype(str).to_numpy(dtype=object)
     ranked = np.argsort(np.argsort(names, kind="stable"), kind="stable")  # sorted code order
     slot = rows.groupby(SLOT, sort=False, observed=True).ngroup().to_numpy(dtype=np.int64)
-    key = np.unique(slot * len(names) + ranked[params.codes.to_numpy()])  # distinct, sorted
+    num_slots = int(slot.max()) + 1
+    key = _distinct(slot * len(names) + ranked[params.codes.to_numpy()],
+                    num_slots * len(names))  # distinct, sorted
     group, code = key // max(len(names), 1), key % max(len(names), 1)
     starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
     counts = np.diff(np.r_[starts, len(group)])
@@ -101,10 +104,29 @@ def _joined_params(rows: pd.DataFrame, name: str) -> pd.DataFrame:
         texts = np.array([", ".join(by_rank[code[a:a + n]]) for a, n in zip(starts, counts,
                                                                             strict=True)],
                          dtype=object)
-    _, at = np.unique(slot, return_index=True)
-    frame = rows.iloc[at][SLOT].reset_index(drop=True)
+    frame = rows.iloc[_first_rows(slot, num_slots)][SLOT].reset_index(drop=True)
     frame = frame.astype({"rank": "int64", "step": "int64", "micro_step": "int64"})
     return frame.assign(**{name: texts})
+
+
+def _distinct(keys: np.ndarray, size: int) -> np.ndarray:
+    """``np.unique(keys)`` for keys in ``[0, size)``: marked in a bitmap where it is small
+    (no sort of every row: this was most of check 10's summary, which triage pays too)."""
+    if size > _BITMAP_LIMIT:
+        return np.unique(keys)
+    seen = np.zeros(size, dtype=bool)
+    seen[keys] = True
+    return np.flatnonzero(seen)
+
+
+def _first_rows(slot: np.ndarray, num_slots: int) -> np.ndarray:
+    """Each slot's first row. ``ngroup(sort=False)`` numbers slots as they first appear, so a
+    slot's first row is where the running maximum grows."""
+    running = np.maximum.accumulate(slot)
+    first = np.flatnonzero(np.r_[True, running[1:] > running[:-1]])
+    if len(first) != num_slots or (slot[first] != np.arange(num_slots)).any():
+        return np.unique(slot, return_index=True)[1]
+    return first
 
 
 def _same_lists(code: np.ndarray, starts: np.ndarray, counts: np.ndarray,
