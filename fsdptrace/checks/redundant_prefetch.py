@@ -21,7 +21,13 @@ import pandas as pd
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
 from fsdptrace.checks.kernel.settings import value_at
-from fsdptrace.reading.allgathers import issuer_text, plain, text_codes, with_occurrence
+from fsdptrace.reading.allgathers import (
+    issuer_text,
+    plain,
+    row_codes,
+    text_codes,
+    with_occurrence,
+)
 
 if TYPE_CHECKING:
     from fsdptrace.checks.kernel.tables import RankTables
@@ -61,7 +67,7 @@ def redundant(allgathers: pd.DataFrame, events: pd.DataFrame, *,
         design[maybe] = _by_design(plain(allgathers.iloc[tried[maybe]]), settings).to_numpy()
     # A by-design no-op is neither work nor proof: the edge is dead when it did no work at
     # any call of the step and was a no-op for another reason at one or more.
-    _, edge = np.unique(np.stack([_codes(allgathers[c])[tried] for c in _EDGE]), axis=1,
+    _, edge = np.unique(np.stack([row_codes(allgathers[c])[tried] for c in _EDGE]), axis=1,
                         return_inverse=True)
     edge = edge.reshape(-1)
     worked = np.bincount(edge, weights=~noop) > 0
@@ -102,15 +108,6 @@ def redundant(allgathers: pd.DataFrame, events: pd.DataFrame, *,
                + " prefetch targets, or fix the edge that gathers it")
     located = edges.assign(target=edges["unit"], unit=edges["issuer_unit"])
     return findings.make(NAME, SEVERITY, located, message)
-
-
-def _codes(column: pd.Series) -> np.ndarray:
-    """Values to group rows by: a categorical's codes, numbers as they are, else text codes."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        return column.cat.codes.to_numpy().astype(np.int64)
-    if pd.api.types.is_integer_dtype(column.dtype):
-        return column.to_numpy(dtype=np.int64)
-    return text_codes(column)
 
 
 def _by_design(tried: pd.DataFrame, settings: pd.DataFrame) -> pd.Series:

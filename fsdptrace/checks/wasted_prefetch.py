@@ -21,6 +21,7 @@ from fsdptrace.reading.allgathers import (
     ended_issues,
     plain,
     repeated_call,
+    row_codes,
     with_occurrence,
 )
 
@@ -54,7 +55,7 @@ def wasted(allgathers: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     # Only the issues a check reports become text: most of a run's are consumed in their pass.
     same_pass = np.ones(len(issue), dtype=bool)
     for column in _PASS:
-        values = _comparable(allgathers[column])
+        values = row_codes(allgathers[column])
         same_pass &= values[issue] == values[end]
     dropped = (allgathers["event"] == "drop").to_numpy()[end]
     keep = dropped | ~same_pass
@@ -63,13 +64,6 @@ def wasted(allgathers: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     wasted = _with_ends(plain(allgathers.iloc[issue[keep]]), plain(allgathers.iloc[end[keep]]))
     wasted = with_occurrence(wasted, events)
     return findings.make(NAME, SEVERITY, _located(wasted), _messages(wasted))
-
-
-def _comparable(column: pd.Series) -> np.ndarray:
-    """Values to compare row with row: a categorical's codes, else the values."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        return column.cat.codes.to_numpy()
-    return column.to_numpy()
 
 
 def _with_ends(issues: pd.DataFrame, ends: pd.DataFrame) -> pd.DataFrame:

@@ -162,6 +162,16 @@ def ended_issues(allgathers: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return issue[ended], end[ended]
 
 
+def row_codes(column: pd.Series) -> np.ndarray:
+    """Values to compare or group rows by (equal exactly where the column's values are): a
+    categorical's codes, integers as they are, else text codes."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy().astype(np.int64)
+    if pd.api.types.is_integer_dtype(column.dtype):
+        return column.to_numpy(dtype=np.int64)
+    return text_codes(column)
+
+
 def text_codes(column: pd.Series) -> np.ndarray:
     """Integer codes ordered as the column's text sorts (categorical or not; null is -1 in a
     categorical)."""
