@@ -65,6 +65,17 @@ def starts_jobs(item: pytest.Item) -> bool:
     return item.get_closest_marker("trainers") is not None
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile`` as tests/scheduling.py refines it (the hostile corpus case by
+    case); other ``--dist`` modes as xdist has them."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.scheduling import FilesThenCases
+
+    return FilesThenCases(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The ``slow`` marker means "starts real multi-process jobs": set here for every test
     that does, so ``make quick`` (``-m "not slow"``) runs the CPU-only tests and those that
