@@ -666,16 +666,23 @@ def run_commands(run: Path, scratch: Path) -> list[Outcome]:
 def run_isolated(run: Path, *, memory_bytes: int, timeout_s: int) -> tuple[list[Outcome], int]:
     """``run_commands`` in a forked child under an address-space limit and an alarm.
 
-    Returns the outcomes and the child's peak resident memory in bytes; a child that dies
-    (memory, time, a signal) is reported as one outcome with exit code -1.
+    ``memory_bytes`` is what the child may map beyond what this process has mapped, and the
+    peak returned is how far the child's resident memory grew past where it started, in
+    bytes: a test worker that ran torch jobs before holds address space and memory the case
+    did not take. A child that dies (memory, time, a signal) is reported as one outcome with
+    exit code -1.
     """
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "outcomes.json"
+        started = Path(scratch) / "resident"
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
             code = 0
             try:
-                resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+                mapped, resident = _memory()
+                started.write_text(str(resident))
+                limit = mapped + memory_bytes
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
                 signal.alarm(timeout_s)
                 outcomes = run_commands(run, Path(scratch))
                 report.write_text(json.dumps([asdict(o) for o in outcomes]))
@@ -684,13 +691,21 @@ def run_isolated(run: Path, *, memory_bytes: int, timeout_s: int) -> tuple[list[
                 code = 3
             os._exit(code)
         _, status, usage = os.wait4(pid, 0)
-        peak = usage.ru_maxrss * 1024
+        start = int(started.read_text()) if started.exists() else 0
+        peak = max(0, usage.ru_maxrss * 1024 - start)
         data = json.loads(report.read_text()) if report.exists() else None
         if os.WIFSIGNALED(status) or not isinstance(data, list):
             why = (f"child died: signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                    else f"child failed: {data}")
             return [Outcome("all", -1, "", why, False, True, 0.0)], peak
         return [Outcome(**o) for o in data], peak
+
+
+def _memory() -> tuple[int, int]:
+    """This process's mapped and resident bytes (``/proc/self/statm``)."""
+    size, resident = Path("/proc/self/statm").read_text().split()[:2]
+    page = os.sysconf("SC_PAGE_SIZE")
+    return int(size) * page, int(resident) * page
 
 
 # ------------------------------------------------------------------ the whole corpus, counted

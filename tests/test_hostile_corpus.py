@@ -18,8 +18,8 @@ from tests.hostile_corpus import CASES, COMMANDS, INJECTION, build, run_isolated
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces" / "clean"
 SEED = 16
-MEMORY_LIMIT = 3 << 30  # address space: pyarrow reserves far more than it touches
-PEAK_RSS_LIMIT = 1 << 30  # what a case may really use, the test process included
+MEMORY_LIMIT = 3 << 30  # address space beyond the test's: pyarrow reserves more than it touches
+PEAK_RSS_LIMIT = 1 << 30  # what a case may really use beyond the test process
 TIME_LIMIT_S = 120  # all commands of one case, on a busy 2-core CI box
 COMMAND_TIME_LIMIT_S = 30
 
