@@ -44,7 +44,7 @@ def test_an_edge_is_dead_when_no_call_did_work(rows: list[tuple], categorical: b
                                         "unit", "issuer_kind", "event", "detail"])
     frame = frame.assign(seq=range(2, 2 * len(frame) + 2, 2), group=0, num_bytes=64,
                          t_ns=range(len(frame)))
-    # Each row's issuing unit entered its pass just before (what with_occurrence counts).
+    # Each row's issuing unit entered its pass just before (what call_occurrences counts).
     events = frame[["rank", "step", "micro_step", "phase"]].assign(
         unit=frame["issuer_unit"], seq=frame["seq"] - 1)
     if categorical:
@@ -55,3 +55,19 @@ def test_an_edge_is_dead_when_no_call_did_work(rows: list[tuple], categorical: b
                   strict=True))
     assert got == reference(frame.astype({"detail": str, "event": str, "issuer_kind": str}))
     assert found["message"].str.contains(" did nothing in step ").all()
+
+
+def test_calls_whose_entries_were_lost_still_count() -> None:
+    """A dead edge whose source's entries are missing (a lost chunk of events): which call
+    made each no-op is unknown, but each micro-step's no-op was a call. The first version of
+    the message said "at 0 call(s) ... in 2 micro-step(s)" there."""
+    rows = [(0, 0, micro, "backward", "layers.2", "layers.1", "prefetch", "noop", "pending")
+            for micro in (0, 1)]
+    frame = pd.DataFrame(rows, columns=["rank", "step", "micro_step", "phase", "issuer_unit",
+                                        "unit", "issuer_kind", "event", "detail"])
+    frame = frame.assign(seq=[10, 20], group=0, num_bytes=64, t_ns=[1, 2])
+    no_events = pd.DataFrame({"rank": [], "step": [], "micro_step": [], "phase": [],
+                              "unit": [], "seq": []}).astype({"seq": "int64"})
+    found = redundant(frame, no_events)
+    assert len(found) == 1
+    assert "at 2 call(s) of layers.2 in 2 micro-step(s)" in found["message"][0]

@@ -13,6 +13,8 @@ configuration. Needs the ``allgathers`` table.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,11 +24,11 @@ from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
 from fsdptrace.checks.kernel.settings import value_at
 from fsdptrace.reading.allgathers import (
-    issuer_text,
+    call_occurrences,
+    issuer_words,
     plain,
     row_codes,
     text_codes,
-    with_occurrence,
 )
 
 if TYPE_CHECKING:
@@ -75,39 +77,83 @@ def redundant(allgathers: pd.DataFrame, events: pd.DataFrame, *,
     dead = (~worked & proof)[edge]
     if not (dead & noop & ~design).any():
         return findings.empty()
-    tried_rows = plain(allgathers.iloc[tried[dead]])
-    noops = tried_rows[noop[dead] & ~design[dead]]
-    num_by_design = pd.Series(design[dead], index=tried_rows.index).groupby(
-        [tried_rows[c] for c in _EDGE]).sum().rename("num_by_design")
+    return _dead_edges(allgathers, events, tried[dead], noop[dead] & ~design[dead],
+                       design[dead])
+
+
+def _dead_edges(allgathers: pd.DataFrame, events: pd.DataFrame, tried: np.ndarray,
+                proof: np.ndarray, by_design: np.ndarray) -> pd.DataFrame:
+    """One finding per dead edge, from the positions of its tried rows (``tried``): which of
+    them are no-ops that prove it dead (``proof``), which no-ops by design (``by_design``).
+
+    In plain Python over the reported rows only (a handful in a run), where each pandas join
+    or group-by would cost milliseconds.
+    """
+    rows = {c: allgathers[c].to_numpy()[tried].tolist()
+            for c in ("rank", "step", "micro_step", "phase", "issuer_unit", "unit", "group",
+                      "seq", "detail")}
+    for c in ("phase", "issuer_unit", "unit", "detail"):
+        rows[c] = [str(v) for v in rows[c]]
+    edge_of = list(zip(*(rows[c] for c in _EDGE), strict=True))
+    designed = dict.fromkeys(edge_of, 0)
+    for key, design in zip(edge_of, by_design.tolist(), strict=True):
+        designed[key] += design
+    at = np.flatnonzero(proof)
+    at = at[np.argsort(np.asarray(rows["seq"])[at], kind="stable")].tolist()
+    occurrence, _ = call_occurrences(
+        events, *(np.asarray([rows[c][i] for i in at], dtype=object if c in
+                             ("phase", "issuer_unit") else np.int64)
+                  for c in ("rank", "step", "micro_step", "phase", "issuer_unit", "seq")))
+    gathered_by = _gatherers(allgathers, tried)
+    edges: dict[tuple, dict] = {}
+    for i, call in zip(at, occurrence.tolist(), strict=True):
+        micro = rows["micro_step"][i]
+        edge = edges.setdefault(edge_of[i], {"micro_step": micro, "detail": rows["detail"][i],
+                                             "calls": set(), "micro_steps": set(), "by": {}})
+        edge["calls"].add((micro, call))
+        edge["micro_steps"].add(micro)
+        edge["by"][gathered_by(rows["rank"][i], rows["unit"][i], rows["group"][i],
+                               rows["seq"][i])] = None
+    located = [{"rank": rank, "step": step, "micro_step": edge["micro_step"], "phase": phase,
+                "unit": issuer, "target": target}
+               for (rank, step, phase, issuer, target), edge in edges.items()]
+    return findings.make(NAME, SEVERITY, pd.DataFrame(located, columns=list(located[0])),
+                         [_message(key, edge, designed[key]) for key, edge in edges.items()])
+
+
+def _message(key: tuple, edge: dict, num_by_design: int) -> str:
+    _, step, phase, issuer, target = key
+    design = (f"; at {num_by_design} other call(s) {target} stayed unsharded by design "
+              "(neither work nor proof)" if num_by_design else "")
+    return (f"{issuer}'s {phase} prefetch of {target} did nothing in step {step}: at "
+            f"{len(edge['calls'])} call(s) of {issuer} in {len(edge['micro_steps'])} "
+            f"micro-step(s), {_STATES[edge['detail']]} (gathered by {', '.join(edge['by'])}), "
+            f"so its unshard returned at once (a no-op){design}; it did its work at no call: "
+            f"dead configuration; remove {target} from {issuer}'s {phase} prefetch targets, "
+            "or fix the edge that gathers it")
+
+
+def _gatherers(allgathers: pd.DataFrame, tried: np.ndarray) -> Callable[..., str]:
+    """Who issued the all-gather that made a no-op of a prefetch: the latest issue of its
+    (rank, unit, group) at or before the no-op's seq, in words."""
     units = text_codes(allgathers["unit"])
-    rows = plain(allgathers[((event == "issue").to_numpy()
-                             & np.isin(units, units[tried[dead]]))])
-    noops = with_occurrence(_with_gatherer(noops, rows), events)
-    gatherer = noops[["gatherer_kind", "gatherer_unit"]].set_axis(
-        ["issuer_kind", "issuer_unit"], axis=1)
-    noops = noops.assign(by=issuer_text(gatherer), calls=noops["micro_step"].astype(str) + ":"
-                         + noops["occurrence"].astype(str))
-    edges = noops.sort_values("seq").groupby(_EDGE, sort=False).agg(
-        micro_step=("micro_step", "first"), detail=("detail", "first"),
-        num_calls=("calls", "nunique"), num_micro_steps=("micro_step", "nunique"),
-        by=("by", lambda b: ", ".join(dict.fromkeys(b)))).reset_index()
-    edges = edges.merge(num_by_design.reset_index(), on=_EDGE, how="left")
-    design_text = pd.Series(
-        [f"; at {int(n)} other call(s) {target} stayed unsharded by design (neither work nor "
-         "proof)" if n else "" for n, target in zip(edges["num_by_design"].fillna(0),
-                                                    edges["unit"], strict=True)],
-        index=edges.index, dtype=object)
-    message = (edges["issuer_unit"] + "'s " + edges["phase"] + " prefetch of " + edges["unit"]
-               + " did nothing in step " + edges["step"].astype(str) + ": at "
-               + edges["num_calls"].astype(str) + " call(s) of " + edges["issuer_unit"]
-               + " in " + edges["num_micro_steps"].astype(str) + " micro-step(s), "
-               + edges["detail"].map(_STATES) + " (gathered by " + edges["by"]
-               + "), so its unshard returned at once (a no-op)" + design_text
-               + "; it did its work at no call: dead configuration; remove " + edges["unit"]
-               + " from " + edges["issuer_unit"] + "'s " + edges["phase"]
-               + " prefetch targets, or fix the edge that gathers it")
-    located = edges.assign(target=edges["unit"], unit=edges["issuer_unit"])
-    return findings.make(NAME, SEVERITY, located, message)
+    issued = np.flatnonzero((allgathers["event"] == "issue").to_numpy()
+                            & np.isin(units, units[tried]))
+    columns = [allgathers[c].to_numpy()[issued].tolist()
+               for c in ("rank", "unit", "group", "seq", "issuer_kind", "issuer_unit")]
+    issues: dict[tuple, list[tuple[int, str]]] = {}
+    for rank, unit, group, seq, kind, source in zip(*columns, strict=True):
+        issues.setdefault((rank, str(unit), group), []).append(
+            (seq, issuer_words(str(kind), str(source))))
+    for gathers in issues.values():
+        gathers.sort()
+
+    def gathered_by(rank: int, unit: str, group: int, seq: int) -> str:
+        gathers = issues.get((rank, unit, group), [])
+        at = bisect.bisect_right([s for s, _ in gathers], seq)
+        return gathers[at - 1][1] if at else issuer_words("nan", "?")
+
+    return gathered_by
 
 
 def _by_design(tried: pd.DataFrame, settings: pd.DataFrame) -> pd.Series:
@@ -122,18 +168,6 @@ def _by_design(tried: pd.DataFrame, settings: pd.DataFrame) -> pd.Series:
                       | ((value_at(settings, earlier, "reshard_after_backward") == "false")
                          & (tried["micro_step"] > 0)))
     return unsharded & (after_forward | after_backward)
-
-
-def _with_gatherer(noops: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
-    """Who issued the all-gather that made this prefetch redundant (the latest issue before)."""
-    issues = rows[rows["event"] == "issue"][["rank", "unit", "group", "seq", "issuer_kind",
-                                             "issuer_unit"]]
-    issues = issues.rename(columns={"seq": "gather_seq", "issuer_kind": "gatherer_kind",
-                                    "issuer_unit": "gatherer_unit"}).sort_values("gather_seq")
-    merged = pd.merge_asof(noops.sort_values("seq"), issues, left_on="seq",
-                           right_on="gather_seq", by=["rank", "unit", "group"],
-                           direction="backward")
-    return merged.drop(columns="gather_seq")
 
 
 CHECK = Check(9, NAME, SEVERITY, PER_RANK,

@@ -18,11 +18,10 @@ from fsdptrace.checks import findings
 from fsdptrace.checks.contract import PER_RANK, Check
 from fsdptrace.reading.allgathers import (
     call_label,
+    call_occurrences,
     ended_issues,
-    plain,
     repeated_call,
     row_codes,
-    with_occurrence,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +34,7 @@ SEVERITY = findings.WARNING
 # docs/checks.md keeps recompute out of forward findings.
 PREFETCH_KINDS = ("prefetch", "implicit")
 _PASS = ["step", "micro_step", "phase"]
+_KINDS = {"prefetch": "prefetched", "implicit": "implicitly prefetched (FSDP2 default)"}
 
 
 def check(tables: RankTables) -> pd.DataFrame:
@@ -61,44 +61,54 @@ def wasted(allgathers: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     keep = dropped | ~same_pass
     if not keep.any():
         return findings.empty()
-    wasted = _with_ends(plain(allgathers.iloc[issue[keep]]), plain(allgathers.iloc[end[keep]]))
-    wasted = with_occurrence(wasted, events)
-    return findings.make(NAME, SEVERITY, _located(wasted), _messages(wasted))
+    return _findings(allgathers, events, issue[keep], end[keep])
 
 
-def _with_ends(issues: pd.DataFrame, ends: pd.DataFrame) -> pd.DataFrame:
-    """The issue rows with their ending row's pass, time and detail as ``end_*`` columns
-    (numbers as float, as a shift within the all-gather's rows gives them)."""
-    out = issues.copy()
-    for column in ("event", "step", "micro_step", "phase", "t_ns", "detail"):
-        values = ends[column].to_numpy()
-        out["end_" + column] = (values.astype("float64") if column in ("step", "micro_step", "t_ns")
-                                else values)
-    return out
+def _findings(allgathers: pd.DataFrame, events: pd.DataFrame, issue: np.ndarray,
+              end: np.ndarray) -> pd.DataFrame:
+    """One finding per wasted issue, from the positions of the issue rows and of the rows
+    that ended them, in seq order. In plain Python over the reported rows only."""
+    order = np.argsort(allgathers["seq"].to_numpy()[issue], kind="stable")
+    issue, end = issue[order], end[order]
+    mine = {c: allgathers[c].to_numpy()[issue].tolist() for c in
+            ("rank", "step", "micro_step", "phase", "unit", "issuer_unit", "issuer_kind",
+             "num_bytes", "t_ns", "seq")}
+    for c in ("phase", "unit", "issuer_unit", "issuer_kind"):
+        mine[c] = [str(v) for v in mine[c]]
+    ended = {c: allgathers[c].to_numpy()[end].tolist() for c in
+             ("event", "step", "micro_step", "phase", "detail")}
+    calls, num_calls = call_occurrences(events, *(
+        np.asarray(mine[c], dtype=object if c in ("phase", "issuer_unit") else np.int64)
+        for c in ("rank", "step", "micro_step", "phase", "issuer_unit", "seq")))
+    # As a float subtraction, as the held time always was.
+    t_ns = allgathers["t_ns"].to_numpy(dtype=np.int64)
+    held_ms = ((t_ns[end].astype(np.float64) - t_ns[issue]) / 1e6).tolist()
+    located = pd.DataFrame({
+        "rank": mine["rank"], "step": mine["step"], "micro_step": mine["micro_step"],
+        "phase": mine["phase"], "unit": mine["issuer_unit"], "target": mine["unit"],
+        "bytes": mine["num_bytes"], "held_ms": held_ms,
+        "call_index": pd.arrays.IntegerArray(calls, calls == 0)})
+    messages = [
+        _message({c: v[i] for c, v in mine.items()}, {c: v[i] for c, v in ended.items()},
+                 int(calls[i]), int(num_calls[i]), held_ms[i])
+        for i in range(len(issue))]
+    return findings.make(NAME, SEVERITY, located, messages)
 
 
-def _located(rows: pd.DataFrame) -> pd.DataFrame:
-    return rows.assign(target=rows["unit"], unit=rows["issuer_unit"], bytes=rows["num_bytes"],
-                       held_ms=(rows["end_t_ns"] - rows["t_ns"]) / 1e6,
-                       call_index=rows["occurrence"])
-
-
-def _messages(rows: pd.DataFrame) -> pd.Series:
-    held_ms = ((rows["end_t_ns"] - rows["t_ns"]) / 1e6).map("{:.3f}".format)
-    size = rows["num_bytes"].astype("int64").map("{:,}".format)
-    end_step = rows["end_step"].astype("int64").astype(str)
-    end_micro = rows["end_micro_step"].astype("int64").astype(str)
-    later = ("consumed only in step " + end_step + " micro-step " + end_micro + " "
-             + rows["end_phase"].astype(str))
-    dropped = "dropped unused by FSDP2 (" + rows["end_detail"].astype(str) + ")"
-    fate = later.where(rows["end_event"] == "consume", dropped)
-    kind = rows["issuer_kind"].map({"prefetch": "prefetched",
-                                    "implicit": "implicitly prefetched (FSDP2 default)"})
-    return (call_label(rows) + " " + kind + " " + rows["unit"] + " (" + size + " bytes), "
-            + fate + " after holding it " + held_ms + " ms: the gather overlapped nothing; "
-            + "prefetch " + rows["unit"] + " only from the "
-            + pd.Series("call", index=rows.index).where(repeated_call(rows), "unit")
-            + " that runs right before it")
+def _message(issue: dict, end: dict, call: int, num_calls: int, held_ms: float) -> str:
+    """'second call of layers.0 in forward prefetched layers.2 (4,096 bytes), dropped unused
+    by FSDP2 (...) after holding it 1.250 ms: ...' (``call`` 0: which call is unknown)."""
+    if end["event"] == "consume":
+        fate = (f"consumed only in step {int(end['step'])} micro-step "
+                f"{int(end['micro_step'])} {end['phase']}")
+    else:
+        fate = f"dropped unused by FSDP2 ({end['detail']})"
+    target = issue["unit"]
+    label = call_label(call, num_calls, issue["issuer_unit"], issue["phase"])
+    return (f"{label} {_KINDS[issue['issuer_kind']]} {target} "
+            f"({int(issue['num_bytes']):,} bytes), {fate} after holding it {held_ms:.3f} ms: "
+            f"the gather overlapped nothing; prefetch {target} only from the "
+            f"{'call' if repeated_call(call, num_calls) else 'unit'} that runs right before it")
 
 
 CHECK = Check(8, NAME, SEVERITY, PER_RANK,

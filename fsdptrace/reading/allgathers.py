@@ -4,8 +4,9 @@ Answers the questions the ``allgathers`` table exists for before any check fires
 get gathered more often per optimizer step than its calls need (a wasted or repeated
 prefetch), and how many bytes of gathered-but-unconsumed parameters a rank holds over time.
 Pure functions over the table, so a notebook and ``fsdptrace summary`` share them, and the
-row helpers (``plain``, ``ended_issues``, ``with_occurrence``, ``issuer_text``, ``call_label``) that
-checks 3, 8 and 9 read the table through: facts of the table, not of any one check.
+row helpers (``plain``, ``ended_issues``, ``call_occurrences``, ``issuer_text``,
+``call_label``) that checks 3, 8 and 9 read the table through: facts of the table, not of any
+one check.
 """
 
 from __future__ import annotations
@@ -94,50 +95,62 @@ def plain(allgathers: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def with_occurrence(rows: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
-    """Add ``occurrence``: which call of the issuing unit in that pass issued the row, and
-    ``num_calls``: how many times it ran in that pass (a "call" is only worth naming when
-    there are several).
+def call_occurrences(events: pd.DataFrame, rank: np.ndarray, step: np.ndarray,
+                     micro_step: np.ndarray, phase: np.ndarray, issuer_unit: np.ndarray,
+                     seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows issued in a pass (rank, step, micro-step, phase) by ``issuer_unit`` at ``seq``:
+    which call of the issuer issued each (1-based) and how many calls it made in the pass, as
+    int64 arrays, both 0 where no entry of the issuer came before the row (or it has none).
 
     The recorder writes a unit's entry before FSDP's pre-forward/pre-backward runs, so the
-    issuing call is the source's latest entry with a smaller seq in the same pass.
+    issuing call is the issuer's latest entry with a smaller seq in the same pass: its number
+    is how many of the issuer's entries in the pass come up to the row. On sorted codes and
+    ``searchsorted``: a check pays for its few reported rows, not for pandas joins.
     """
-    if not len(rows):
-        return rows.assign(occurrence=pd.Series(dtype="Int64"), num_calls=pd.Series(dtype="Int64"))
-    keys = ["rank", "step", "micro_step", "phase", "issuer_unit"]
-    # Only the issuing units' entries on the rows' ranks can match (a unit's calls are
-    # counted among its own entries): the rest of a run's events never become text.
-    events = events[events["unit"].isin(rows["issuer_unit"].dropna().astype(str).unique())
-                    & events["rank"].isin(rows["rank"].unique())]
-    entries = events.assign(
-        rank=events["rank"].astype("int64"), step=events["step"].astype("int64"),
-        micro_step=events["micro_step"].astype("int64"), phase=events["phase"].astype(str),
-        issuer_unit=events["unit"].astype(str), entry_seq=events["seq"].astype("int64"),
-    )[[*keys, "entry_seq"]].sort_values("entry_seq")
-    entries["occurrence"] = entries.groupby(keys).cumcount() + 1
-    entries["num_calls"] = entries.groupby(keys)["entry_seq"].transform("size")
-    left = rows.assign(issuer_unit=rows["issuer_unit"].fillna("").astype(str),
-                       phase=rows["phase"].astype(str)).sort_values("seq")
-    merged = pd.merge_asof(left, entries, left_on="seq", right_on="entry_seq", by=keys,
-                           direction="backward")
-    merged["occurrence"] = merged["occurrence"].astype("Int64")
-    merged["num_calls"] = merged["num_calls"].astype("Int64")
-    return merged.drop(columns="entry_seq")
+    n = len(seq)
+    if not n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    missing = pd.isna(issuer_unit)
+    issuer = np.where(missing, "", issuer_unit.astype(object)).astype(object)
+    # Only the issuers' entries on the rows' ranks can match: the rest are never looked at.
+    sources = pd.unique(issuer[~missing].astype(str))
+    events = events[events["unit"].isin(sources) & events["rank"].isin(pd.unique(rank))]
+    theirs = {"rank": events["rank"], "step": events["step"],
+              "micro_step": events["micro_step"], "phase": events["phase"].astype(str),
+              "issuer_unit": events["unit"].astype(str)}
+    mine = {"rank": rank, "step": step, "micro_step": micro_step,
+            "phase": np.asarray(phase).astype(str).astype(object),
+            "issuer_unit": issuer.astype(str).astype(object)}
+    # One code per (rank, pass, issuer), shared by the rows and the entries.
+    codes = []
+    for column, values in mine.items():
+        kind = object if column in ("phase", "issuer_unit") else np.int64
+        codes.append(pd.factorize(np.concatenate(
+            [np.asarray(values, dtype=kind), theirs[column].to_numpy(dtype=kind)]))[0])
+    key = np.unique(np.stack(codes), axis=1, return_inverse=True)[1].reshape(-1)
+    seqs = np.concatenate([np.asarray(seq, dtype=np.int64),
+                           events["seq"].to_numpy(dtype=np.int64)])
+    # (key, seq) as one number that sorts the same: seq replaced by its rank among all seqs.
+    seq_rank = np.unique(seqs, return_inverse=True)[1].reshape(-1)
+    keyed_seq = key * (int(seq_rank.max()) + 1) + seq_rank
+    entry_keys, entry_keyed_seqs = np.sort(key[n:]), np.sort(keyed_seq[n:])
+    first = np.searchsorted(entry_keys, key[:n], side="left")
+    calls = np.searchsorted(entry_keys, key[:n], side="right") - first
+    upto = (np.searchsorted(entry_keyed_seqs, keyed_seq[:n], side="right") - first)
+    return upto.astype(np.int64), np.where(upto > 0, calls, 0).astype(np.int64)
 
 
-def call_label(rows: pd.DataFrame) -> pd.Series:
-    """'second call of tok_embeddings in forward' (or 'a call of ...' when unknown), and
-    just 'layers.2 in forward' for a unit that ran once in the pass."""
-    ordinal = rows["occurrence"].map(
-        lambda n: "a" if pd.isna(n) else _ORDINALS.get(int(n), f"{int(n)}th"))
-    unit = rows["issuer_unit"].astype(str)
-    called = (ordinal + " call of " + unit).where(repeated_call(rows), unit)
-    return called + " in " + rows["phase"]
+def call_label(call: int, num_calls: int, unit: str, phase: str) -> str:
+    """'second call of tok_embeddings in forward' ('a call of ...' when ``call`` is 0:
+    unknown), and just 'layers.2 in forward' for a unit that ran once in the pass."""
+    if repeated_call(call, num_calls):
+        unit = f"{_ORDINALS.get(call, f'{call}th') if call else 'a'} call of {unit}"
+    return f"{unit} in {phase}"
 
 
-def repeated_call(rows: pd.DataFrame) -> pd.Series:
+def repeated_call(call: int, num_calls: int) -> bool:
     """Whether the issuing unit ran more than once in the pass (unknown counts as yes)."""
-    return rows["num_calls"].isna() | (rows["num_calls"] > 1)
+    return not call or num_calls > 1
 
 
 def ended_issues(allgathers: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -188,12 +201,15 @@ def issuer_text(rows: pd.DataFrame) -> pd.Series:
     """Who issued an all-gather, in words ('manual unshard()', 'prefetch from layers.0')."""
     source = rows["issuer_unit"].fillna("?").astype(str)
     kind = rows["issuer_kind"].astype(str)
-    return pd.Series(
-        "its own pre-forward/pre-backward" if k == "own"
-        else "manual unshard()" if k == "manual"
-        else f"prefetch from {s}" if k == "prefetch"
-        else f"FSDP2's implicit backward prefetch from {s}" if k == "implicit"
-        else f"checkpoint recompute of {s}" if k == "recompute"
-        else "an unknown caller"
-        for k, s in zip(kind, source, strict=True)
-    ).set_axis(rows.index)
+    return pd.Series([issuer_words(k, s) for k, s in zip(kind, source, strict=True)],
+                     index=rows.index, dtype=object)
+
+
+def issuer_words(kind: str, source: str) -> str:
+    """One issuer in words: ``kind`` as the table spells it, ``source`` the issuing unit."""
+    return ("its own pre-forward/pre-backward" if kind == "own"
+            else "manual unshard()" if kind == "manual"
+            else f"prefetch from {source}" if kind == "prefetch"
+            else f"FSDP2's implicit backward prefetch from {source}" if kind == "implicit"
+            else f"checkpoint recompute of {source}" if kind == "recompute"
+            else "an unknown caller")
