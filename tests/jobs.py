@@ -65,11 +65,11 @@ def start_ranks(args: list[str], *, nproc: int = 2, env: dict[str, str] | None =
         forked = forkserver.launch([str(a) for a in args], env=rank_env, cwd=REPO)
         procs.append(forked or subprocess.Popen(
             [sys.executable, *args], env=rank_env, cwd=REPO, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, preexec_fn=_sigint_as_in_a_terminal))
+            stderr=subprocess.STDOUT, text=True, preexec_fn=sigint_as_in_a_terminal))
     return procs
 
 
-def _sigint_as_in_a_terminal() -> None:
+def sigint_as_in_a_terminal() -> None:
     """A rank takes SIGINT as one started from a terminal does: a shell without job control
     starts background commands with SIGINT ignored (``cmd &``, ``nohup``), and a Python that
     starts with it ignored never raises KeyboardInterrupt, so the SIGINT tests failed when

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import forkserver
+from tests.jobs import sigint_as_in_a_terminal
 
 SCRIPT = """\
 import os, sys, time
@@ -39,8 +40,12 @@ def _start(script: Path, case: str, cwd: Path, *, forked: bool
         rank = forkserver.launch([str(script), case], env=env, cwd=cwd)
         assert rank is not None, "the fork server refused a plain script"
         return rank
+    # As tests/jobs.py starts a rank that is not forked: a worker whose SIGINT is ignored (a
+    # suite started in the background) would pass that on, and the fresh rank would sleep on
+    # through the SIGINT case (seen once in CI, 60 s and a timeout).
     return subprocess.Popen([sys.executable, str(script), case], env=env, cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=sigint_as_in_a_terminal)
 
 
 def _ending(proc: subprocess.Popen | forkserver.ForkedRank, case: str) -> tuple[int, str]:
