@@ -141,17 +141,17 @@ def _gatherers(allgathers: pd.DataFrame, tried: np.ndarray) -> Callable[..., str
                             & np.isin(units, units[tried]))
     columns = [allgathers[c].to_numpy()[issued].tolist()
                for c in ("rank", "unit", "group", "seq", "issuer_kind", "issuer_unit")]
-    issues: dict[tuple, list[tuple[int, str]]] = {}
+    gathers: dict[tuple, list[tuple[int, str]]] = {}
     for rank, unit, group, seq, kind, source in zip(*columns, strict=True):
-        issues.setdefault((rank, str(unit), group), []).append(
+        gathers.setdefault((rank, str(unit), group), []).append(
             (seq, issuer_words(str(kind), str(source))))
-    for gathers in issues.values():
-        gathers.sort()
+    # Per (rank, unit, group): its issues' seqs in order, and who issued each, in words.
+    issues = {key: tuple(zip(*sorted(found), strict=True)) for key, found in gathers.items()}
 
     def gathered_by(rank: int, unit: str, group: int, seq: int) -> str:
-        gathers = issues.get((rank, unit, group), [])
-        at = bisect.bisect_right([s for s, _ in gathers], seq)
-        return gathers[at - 1][1] if at else issuer_words("nan", "?")
+        seqs, words = issues.get((rank, unit, group), ((), ()))
+        at = bisect.bisect_right(seqs, seq)
+        return words[at - 1] if at else issuer_words("nan", "?")
 
     return gathered_by
 
