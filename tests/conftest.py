@@ -68,7 +68,7 @@ def starts_jobs(item: pytest.Item) -> bool:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """``--dist loadfile`` as tests/scheduling.py refines it (the hostile corpus case by
-    case); other ``--dist`` modes as xdist has them."""
+    case, a lane for the waiting files); other ``--dist`` modes as xdist has them."""
     if config.getvalue("dist") != "loadfile":
         return None
     from tests.scheduling import FilesThenCases
