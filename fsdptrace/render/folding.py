@@ -18,25 +18,61 @@ WHERE = ["rank", "step", "micro_step"]
 KEY = ["check", "severity", "phase", "unit", "target", "message"]
 
 
-def _ints(values: pd.Series) -> list[int]:
-    return sorted({int(x) for x in values.dropna()})
-
-
 def fold(findings: pd.DataFrame) -> pd.DataFrame:
     """One row per distinct finding, with ``ranks``, ``steps``, ``micro_steps`` lists and
     ``count`` (the findings folded into it) and ``varies`` (their messages differ in numbers);
-    the order of first appearance is kept."""
+    the order of first appearance is kept.
+
+    In plain Python over the rows: the findings a text output folds are a few dozen, where a
+    pandas groupby costs more than the rows (every ``analyze`` prints through here).
+    """
     if not len(findings):
         return findings.assign(ranks=[], steps=[], micro_steps=[], count=[], varies=[])
-    keyed = findings.reset_index(drop=True).assign(_order=range(len(findings)))
-    key = keyed[KEY].astype(object).where(keyed[KEY].notna(), "\x00").astype(str)
-    key["message"] = key["message"].str.replace(_NUMBER, "#", regex=True)
-    keyed["_key"] = pd.util.hash_pandas_object(key, index=False).to_numpy()
-    grouped = keyed.groupby("_key", sort=False)
-    first = grouped.head(1).set_index("_key")
-    first["ranks"] = grouped["rank"].agg(_ints)
-    first["steps"] = grouped["step"].agg(_ints)
-    first["micro_steps"] = grouped["micro_step"].agg(_ints)
-    first["count"] = grouped.size()
-    first["varies"] = grouped["message"].nunique() > 1
-    return first.sort_values("_order").drop(columns="_order").reset_index(drop=True)
+    keys = zip(*(_texts(findings[column], number_free=column == "message") for column in KEY),
+               strict=True)
+    groups: dict[tuple[str, ...], _Group] = {}
+    messages = findings["message"].tolist()
+    wheres = [findings[column].tolist() for column in WHERE]
+    for position, (key, message, *where) in enumerate(zip(keys, messages, *wheres,
+                                                           strict=True)):
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Group(position)
+        group.add(message, where)
+    first = findings.iloc[[g.first for g in groups.values()]].reset_index(drop=True)
+    return first.assign(
+        ranks=[g.sorted(0) for g in groups.values()],
+        steps=[g.sorted(1) for g in groups.values()],
+        micro_steps=[g.sorted(2) for g in groups.values()],
+        count=[g.count for g in groups.values()],
+        varies=[len(g.messages) > 1 for g in groups.values()])
+
+
+class _Group:
+    """The findings folded into one row: where they are, how many, their messages."""
+
+    def __init__(self, first: int) -> None:
+        self.first, self.count = first, 0
+        self.where: tuple[set[int], set[int], set[int]] = (set(), set(), set())
+        self.messages: set[str] = set()
+
+    def add(self, message: object, where: list[object]) -> None:
+        self.count += 1
+        if not _is_na(message):
+            self.messages.add(message)  # type: ignore[arg-type]
+        for found, value in zip(self.where, where, strict=True):
+            if not _is_na(value):
+                found.add(int(value))  # type: ignore[call-overload]
+
+    def sorted(self, index: int) -> list[int]:
+        return sorted(self.where[index])
+
+
+def _texts(values: pd.Series, *, number_free: bool) -> list[str]:
+    """A key column as text, a null as NUL; a message with every number as ``#``."""
+    texts = ["\x00" if _is_na(v) else str(v) for v in values.tolist()]
+    return [_NUMBER.sub("#", t) for t in texts] if number_free else texts
+
+
+def _is_na(value: object) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
