@@ -31,6 +31,8 @@ def against_majority(rows: pd.DataFrame, keys: list[str], value: str, *,
     ``every_row``: also return the rows that agree with the majority (reference = own value).
     """
     rows = rows[rows.groupby(keys, observed=True)["rank"].transform("size") >= 2]
+    if not every_row and _all_agree(rows, keys, value):
+        rows = rows.iloc[:0]  # the usual answer, for a fraction of the cost of the groupbys
     if not len(rows):
         return rows.assign(**{c: pd.Series(dtype=object) for c in COLUMNS})
     sides = rows.groupby(keys + [value], observed=True, sort=False).agg(
@@ -54,6 +56,11 @@ def against_majority(rows: pd.DataFrame, keys: list[str], value: str, *,
     if not every_row:
         return differs
     return pd.concat([out[out[value] == out["reference"]], differs])
+
+
+def _all_agree(rows: pd.DataFrame, keys: list[str], value: str) -> bool:
+    """Every group holds one value (a null counted as one): no rank differs from another."""
+    return not rows.drop_duplicates(keys + [value]).duplicated(keys).any()
 
 
 def _against_another_side(tied: pd.DataFrame, sides: pd.DataFrame, keys: list[str],
