@@ -6,7 +6,7 @@ quotes as their own nullable columns (``FIGURES``), so scripts need not parse me
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -61,16 +61,13 @@ def empty() -> pd.DataFrame:
 def make(check: str, severity: str, rows: pd.DataFrame, message: Iterable[str]) -> pd.DataFrame:
     """Build findings from a frame holding some of the location and figure columns, plus
     messages; columns it lacks stay null."""
-    frame = pd.DataFrame(index=rows.index)
-    frame["check"] = check
-    frame["severity"] = severity
-    for column in LOCATION[2:]:
-        frame[column] = rows[column] if column in rows else None
-    frame["message"] = list(message)
-    for column in FIGURES:
-        if column in rows:
-            frame[column] = rows[column]
-    return normalize(frame.reset_index(drop=True))
+    index = pd.RangeIndex(len(rows))
+    given = {c: rows[c].reset_index(drop=True) for c in [*LOCATION[2:], *FIGURES] if c in rows}
+    given["check"] = pd.Series([check] * len(rows), index=index, dtype=_RESOLVED["check"])
+    given["severity"] = pd.Series([severity] * len(rows), index=index,
+                                  dtype=_RESOLVED["severity"])
+    given["message"] = pd.Series(list(message), index=index, dtype=_RESOLVED["message"])
+    return _typed(given, index)
 
 
 def from_records(records: list[dict[str, Any]]) -> pd.DataFrame:
@@ -81,12 +78,18 @@ def from_records(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 def normalize(frame: pd.DataFrame) -> pd.DataFrame:
     """Cast to the declared dtypes; categoricals become plain strings."""
+    return _typed(frame, frame.index)
+
+
+def _typed(given: Mapping[str, pd.Series] | pd.DataFrame, index: pd.Index) -> pd.DataFrame:
+    """``COLUMNS`` from ``given`` (a frame or its columns by name, on ``index``), each cast to
+    its declared dtype; a column not given is null."""
     out = {}
     for column in COLUMNS:
-        if column not in frame:
-            out[column] = pd.Series(None, index=frame.index, dtype=_DTYPES[column])
+        if column not in given:
+            out[column] = pd.Series(None, index=index, dtype=_DTYPES[column])
             continue
-        values = frame[column]
+        values = given[column]
         if values.dtype == _RESOLVED[column]:  # already normalized (combine's inputs)
             out[column] = values
             continue
@@ -96,7 +99,7 @@ def normalize(frame: pd.DataFrame) -> pd.DataFrame:
             values = pd.to_numeric(values)
         out[column] = values.astype(_DTYPES[column])
     # One construction: inserting fifteen columns one by one costs more than the rows do.
-    return pd.DataFrame(out, index=frame.index)
+    return pd.DataFrame(out, index=index)
 
 
 def combine(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
