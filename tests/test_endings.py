@@ -4,6 +4,8 @@ micro-steps are cut off in every table (``checks.incomplete``)."""
 from __future__ import annotations
 
 import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fsdptrace.reading import endings, incomplete
 from fsdptrace.store import schema
@@ -55,3 +57,52 @@ def test_an_aborted_micro_step_is_incomplete_in_every_table() -> None:
                                      pd.Series([2, 2, 2]).to_numpy(),
                                      pd.Series([1, 0, 1]).to_numpy())
     assert mask.tolist() == [True, False, False]
+
+
+def _merged_endings(markers: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:
+    """The definition ``rank_endings`` had in pandas (a left merge of the last ending of each
+    rank onto the ranks asked)."""
+    ends = endings.ending_markers(markers)
+    present = pd.DataFrame({"rank": pd.Series(sorted({int(r) for r in ranks}), dtype="int64")})
+    if len(ends):
+        order = [c for c in ("t_ns", "seq") if c in ends]
+        ends = ends.sort_values(order) if order else ends
+        ends = ends.assign(rank=ends["rank"].astype("int64"),
+                           ending=ends["kind"].astype(object).map(endings._BY_KIND))
+        ends = ends.drop_duplicates("rank", keep="last")
+        out = present.merge(ends[["rank", "ending", "detail", "step", "micro_step"]],
+                            on="rank", how="left")
+    else:
+        out = present.assign(ending=None, detail=None, step=None, micro_step=None)
+    out["ending"] = out["ending"].astype(object).where(out["ending"].notna(),
+                                                       endings.KILLED_OR_HUNG)
+    out["detail"] = out["detail"].astype(object).where(out["detail"].notna(), "").astype(str)
+    out["step"] = pd.array(out["step"], dtype="Int64")
+    out["micro_step"] = pd.array(out["micro_step"], dtype="Int64")
+    return out[endings.COLUMNS]
+
+
+_KINDS = [*schema.ENDING_MARKERS, schema.MARKER_OPTIMIZER_STEP, schema.MARKER_MICRO_STEP]
+_MARKER = st.tuples(st.integers(0, 4), st.integers(0, 5), st.sampled_from(_KINDS),
+                    st.sampled_from([None, "", "SIGTERM", "KeyError: 'x'"]),
+                    st.one_of(st.none(), st.integers(0, 3)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_MARKER, max_size=10), st.lists(st.integers(0, 5), max_size=6),
+       st.booleans(), st.booleans())
+def test_rank_endings_is_the_merge_it_replaced(rows: list[tuple], ranks: list[int],
+                                               categorical: bool, with_time: bool) -> None:
+    """Ties in time, ranks with two endings or none, ranks asked that have no markers, null
+    details and steps, the kind column categorical or text."""
+    markers = pd.DataFrame({
+        "rank": pd.Series([r[0] for r in rows], dtype="int64"),
+        "seq": pd.Series([r[1] for r in rows], dtype="int64"),
+        "kind": pd.Series([r[2] for r in rows], dtype="category" if categorical else object),
+        "detail": pd.Series([r[3] for r in rows], dtype="string"),
+        "step": pd.array([r[4] for r in rows], dtype="Int64"),
+        "micro_step": pd.array([r[4] for r in rows], dtype="Int64")})
+    if with_time:
+        markers["t_ns"] = markers["seq"] // 2
+    pd.testing.assert_frame_equal(endings.rank_endings(markers, ranks),
+                                  _merged_endings(markers, ranks))

@@ -50,25 +50,29 @@ def rank_endings(markers: pd.DataFrame, ranks: Iterable[int]) -> pd.DataFrame:
     """Per rank of ``ranks``: ending, detail (exception, signal), and the step it was in.
 
     A rank recorded twice in one run dir (attached again after a close) ends as its last
-    recorder ended.
+    recorder ended. In plain Python over the ending markers (one or two a rank): every
+    analysis asks this of each rank, where pandas' merges cost milliseconds for a few rows.
     """
     ends = ending_markers(markers)
-    present = pd.DataFrame({"rank": pd.Series(sorted({int(r) for r in ranks}), dtype="int64")})
+    last: dict[int, tuple[object, object, object, object]] = {}
     if len(ends):
         order = [c for c in ("t_ns", "seq") if c in ends]
         ends = ends.sort_values(order) if order else ends
-        ends = ends.assign(rank=ends["rank"].astype("int64"),
-                           ending=ends["kind"].astype(object).map(_BY_KIND))
-        ends = ends.drop_duplicates("rank", keep="last")
-        out = present.merge(ends[["rank", "ending", "detail", "step", "micro_step"]],
-                            on="rank", how="left")
-    else:
-        out = present.assign(ending=None, detail=None, step=None, micro_step=None)
-    out["ending"] = out["ending"].astype(object).where(out["ending"].notna(), KILLED_OR_HUNG)
-    out["detail"] = out["detail"].astype(object).where(out["detail"].notna(), "").astype(str)
-    out["step"] = pd.array(out["step"], dtype="Int64")
-    out["micro_step"] = pd.array(out["micro_step"], dtype="Int64")
-    return out[COLUMNS]
+        for rank, kind, detail, step, micro_step in zip(
+                ends["rank"].tolist(), ends["kind"].astype(object).tolist(),
+                ends["detail"].tolist(), ends["step"].tolist(), ends["micro_step"].tolist(),
+                strict=True):
+            last[int(rank)] = (_BY_KIND.get(kind, KILLED_OR_HUNG), detail, step, micro_step)
+    present = sorted({int(r) for r in ranks})
+    found = [last.get(rank, (KILLED_OR_HUNG, None, None, None)) for rank in present]
+    return pd.DataFrame({
+        "rank": pd.Series(present, dtype="int64"),
+        "ending": pd.Series([ending for ending, _, _, _ in found], dtype=object),
+        "detail": pd.Series(["" if pd.isna(detail) else detail for _, detail, _, _ in found],
+                            dtype=object).astype(str),
+        "step": pd.array([step for _, _, step, _ in found], dtype="Int64"),
+        "micro_step": pd.array([micro_step for _, _, _, micro_step in found], dtype="Int64"),
+    }, columns=COLUMNS)
 
 
 def clean_ranks(markers: pd.DataFrame, ranks: Iterable[int] | None = None) -> set[int]:
