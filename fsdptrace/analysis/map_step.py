@@ -9,6 +9,7 @@ the reduce step that gathers the summaries (``fsdptrace.analysis.run``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,9 @@ from fsdptrace.reading.trace import TABLE_NAMES, check_meta, to_frame
 # stays bounded (a deep rank is a batch of its own).
 BATCH_ROWS = 1_000_000
 BATCH_RANKS = 256
+# A run dir this small is mapped as one batch, in the calling process by default (``is_small``).
+SMALL_RUN_RANKS = 64
+SMALL_RUN_BYTES = 8 << 20
 # No check reads only endings any more: the hang verdict (check 6) looks for a divergence in
 # every rank's history up to the earliest stop, so a stalled-rank run reads what the cause
 # checks (4, 5, 10, 11, 12) read. A verdict from the last step alone named the wrong rank.
@@ -116,6 +120,25 @@ def _map_batch(run_dir: Path, batch: list[tuple[int, dict[str, pa.Table]]],
     present = [rank for rank, a in batch
                if any(a[t].num_rows for t in ("meta", "units", "events", "markers") if t in a)]
     return map_tables(tables, names, ranks=present)
+
+
+def is_small(run_dir: Path, ranks: list[int]) -> bool:
+    """A run dir of at most ``SMALL_RUN_RANKS`` ranks and ``SMALL_RUN_BYTES`` on disk (its
+    files' own sizes, links not followed): mapped as one batch in the calling process, as a
+    process pool's start and each batch's fixed cost (milliseconds of pandas per check) cost
+    more than its rows."""
+    if len(ranks) > SMALL_RUN_RANKS:
+        return False
+    total = 0
+    for folder, _, names in os.walk(run_dir):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+            if total > SMALL_RUN_BYTES:
+                return False
+    return True
 
 
 def rank_pieces(ranks: list[int], workers: int) -> list[list[int]]:

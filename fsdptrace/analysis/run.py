@@ -20,7 +20,14 @@ from typing import Any
 import pandas as pd
 
 from fsdptrace.analysis.concat import concat_coded
-from fsdptrace.analysis.map_step import RankSummary, map_ranks, map_tables, rank_pieces, with_causes
+from fsdptrace.analysis.map_step import (
+    RankSummary,
+    is_small,
+    map_ranks,
+    map_tables,
+    rank_pieces,
+    with_causes,
+)
 from fsdptrace.analysis.result import Analysis
 from fsdptrace.checks import (
     ACROSS_RANKS,
@@ -96,8 +103,9 @@ def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None
 
         summaries = map_distributed(run_dir, ranks, names, scheduler, progress)
     else:
-        summaries = _map_ranks(run_dir, ranks, names, available_cores() if jobs is None
-                               else jobs, progress)
+        small = is_small(run_dir, ranks)
+        summaries = _map_ranks(run_dir, ranks, names, (1 if small else available_cores())
+                               if jobs is None else jobs, progress, small=small)
     return _result(reduce_run_dir(run_dir, summaries, names), summaries, names,
                    run_dir=run_dir)
 
@@ -133,8 +141,14 @@ def _result(found: pd.DataFrame, summaries: list[RankSummary], names: list[str],
     lost = _concat_field(summaries, "incomplete")
     return Analysis(findings=found, run_dir=run_dir, ranks=tuple(ranks), world_size=world_size,
                     endings=endings.rank_endings(_concat_field(summaries, "ends"), ranks),
-                    incomplete=lost if len(lost) else incomplete.empty(),
+                    incomplete=_rank_by_rank(lost) if len(lost) else incomplete.empty(),
                     checks=tuple(names), source=source)
+
+
+def _rank_by_rank(lost: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each rank together, in the order a batch of that one rank lists them: the
+    same whatever ranks the map step's batches held (a batch lists them table by table)."""
+    return lost.sort_values("rank", kind="stable").reset_index(drop=True)
 
 
 def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
@@ -189,9 +203,11 @@ def _analyze_trace(trace: Trace, names: list[str]) -> Analysis:
 
 
 def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
-               progress: Callable[[int, int], None] | None) -> list[RankSummary]:
+               progress: Callable[[int, int], None] | None, *, small: bool = False
+               ) -> list[RankSummary]:
+    """``small``: one piece, where one process maps it (pieces are for balance and progress)."""
     highest = reader.highest_meta_rank(run_dir)
-    pieces = rank_pieces(ranks, jobs)
+    pieces = [ranks] if small and jobs <= 1 else rank_pieces(ranks, jobs)
     summaries: list[RankSummary] = []
     done = 0
     if jobs <= 1 or len(pieces) <= 1:

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 # spelled here so that ``--help`` does not import pandas; tests/test_cli.py keeps them equal.
 FORMATS = ("text", "json", "markdown", "html", "chrome-trace")
 FAIL_ON = ("error", "warning", "never")
+# --jobs of every command that analyzes (analyze, report, export).
+JOBS = click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+                    help="Processes for the per-rank map step [default: available cores; this "
+                         "one alone for a small run dir].")
 
 
 def run_analysis(run_dir: Path, *, fmt: str, output: Path | str | None,
@@ -51,8 +55,7 @@ def run_analysis(run_dir: Path, *, fmt: str, output: Path | str | None,
               help="Run only this check (repeatable), e.g. --check prefetch-order.")
 @click.option("--fail-on", type=click.Choice(FAIL_ON), default="error", show_default=True,
               help="Exit 1 when a finding of this severity or worse exists.")
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Processes for the per-rank map step [default: available cores].")
+@JOBS
 @click.option("--scheduler", metavar="tcp://HOST:PORT",
               help="Run the per-rank map on this Dask scheduler (pip install 'fsdptrace[dask]').")
 @click.pass_context

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from fsdptrace_cli.commands.analyze import run_analysis
+from fsdptrace_cli.commands.analyze import JOBS, run_analysis
 
 
 @click.command("export")
@@ -14,8 +14,7 @@ from fsdptrace_cli.commands.analyze import run_analysis
 @click.option("--chrome-trace", "chrome_trace", required=True,
               type=click.Path(allow_dash=True),
               help="Write Chrome Trace Event JSON to FILE ('-' for stdout).")
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Processes for the per-rank analysis [default: available cores].")
+@JOBS
 @click.pass_context
 def command(ctx: click.Context, run_dir: Path, chrome_trace: str, jobs: int | None) -> None:
     """Export RUN_DIR as a Chrome trace: one process per rank, its units on a wall-clock

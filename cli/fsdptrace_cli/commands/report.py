@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from fsdptrace_cli.commands.analyze import run_analysis
+from fsdptrace_cli.commands.analyze import JOBS, run_analysis
 
 
 @click.command("report")
@@ -16,8 +16,7 @@ from fsdptrace_cli.commands.analyze import run_analysis
               show_default=True, help="Write the HTML page here.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=8, show_default=True,
               help="Embed at most this many optimizer steps (those with findings first).")
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Processes for the per-rank analysis [default: available cores].")
+@JOBS
 @click.pass_context
 def command(ctx: click.Context, run_dir: Path, output: Path, max_steps: int,
             jobs: int | None) -> None:
