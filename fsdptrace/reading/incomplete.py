@@ -51,10 +51,17 @@ STOP_MARKERS = (schema.MARKER_DISABLED,)
 _LOSS_MARKERS = (schema.MARKER_DROPPED_ROWS, schema.MARKER_ABORTED, *STOP_MARKERS)
 
 
+_EMPTY: pd.DataFrame | None = None
+
+
 def empty() -> pd.DataFrame:
-    """No incomplete ranges (what a run without drops, or the live path, holds)."""
-    return pd.DataFrame({c: pd.Series([], dtype=object if c in ("table", "cause") else "int64")
-                         for c in COLUMNS})
+    """No incomplete ranges (what a run without drops, or the live path, holds); built once
+    and copied, as ``findings.empty``: every rank's summary starts with one."""
+    global _EMPTY
+    if _EMPTY is None:
+        _EMPTY = pd.DataFrame({c: pd.Series([], dtype=object if c in ("table", "cause")
+                                             else "int64") for c in COLUMNS})
+    return _EMPTY.copy()
 
 
 def parse(markers: pd.DataFrame, last_steps: pd.Series | None = None) -> pd.DataFrame:
