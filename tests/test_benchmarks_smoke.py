@@ -311,10 +311,12 @@ def test_boundary_breakdown_runs(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_collective_record_cost_compares_reading_each_time(tmp_path: Path) -> None:
-    """``collective_record_cost.py --quick``: the three variants ran on 2 real ranks and the
-    wrappers' added time is given for ``Numbers`` and for reading the counter each time."""
+    """``collective_record_cost.py --quick --units 4`` (a smoke test; its 33 units by default
+    cost twice the CPU): the three variants ran on 2 real ranks and the wrappers' added time is
+    given for ``Numbers`` and for reading the counter each time."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "collective_record_cost.py"), "--quick"],
+        [sys.executable, str(ROOT / "benchmarks" / "collective_record_cost.py"), "--quick",
+         "--units", "4"],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     for label in ("| with: added by recording", "| read each: added by recording",
