@@ -383,8 +383,12 @@ def assert_timeline_works(dom: str, log: str, found: dict, num_ranks: int, *,
     assert len(re.findall(r'<g class="lane" [^>]*data-rank="\d+"', dom)) == num_ranks
     for control in ("zoom-in", "zoom-out", "zoom-reset"):
         assert f'id="{control}"' in dom
-    first = 'class="quiet"' if silent else 'class="span"'
-    for drawn in (first, 'class="mem"', 'class="skew"', 'id="memory"'):
+    if silent:
+        assert 'class="quiet"' in dom, found
+    else:  # the DOM is read zoomed in, where the view may fall before the first span (a loaded
+        # machine's demo step began 0.5 s before its first unit): the probe pointed at one first
+        assert 'class="span"' in dom or found["span_unit"] is not None, found
+    for drawn in ('class="mem"', 'class="skew"', 'id="memory"'):
         assert drawn in dom, (drawn, found)
     labels = re.findall(r'<text [^>]*class="axis"[^>]*>([^<]*)</text>', dom)
     assert len(labels) >= 3 and len(labels) == len(set(labels)), labels
