@@ -58,10 +58,10 @@ class _Group:
 
     def add(self, message: object, where: list[object]) -> None:
         self.count += 1
-        if not _is_na(message):
+        if not pd.isna(message):
             self.messages.add(message)  # type: ignore[arg-type]
         for found, value in zip(self.where, where, strict=True):
-            if not _is_na(value):
+            if not pd.isna(value):
                 found.add(int(value))  # type: ignore[call-overload]
 
     def sorted(self, index: int) -> list[int]:
@@ -70,9 +70,6 @@ class _Group:
 
 def _texts(values: pd.Series, *, number_free: bool) -> list[str]:
     """A key column as text, a null as NUL; a message with every number as ``#``."""
-    texts = ["\x00" if _is_na(v) else str(v) for v in values.tolist()]
+    texts = ["\x00" if pd.isna(v) else str(v) for v in values.tolist()]
     return [_NUMBER.sub("#", t) for t in texts] if number_free else texts
 
-
-def _is_na(value: object) -> bool:
-    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
