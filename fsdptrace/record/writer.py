@@ -40,6 +40,7 @@ from fsdptrace.record.journal import (
 )
 from fsdptrace.record.writer_status import WriterStatus, how_it_ended, is_stopped, read_status
 from fsdptrace.store import journal_hot, run_mark, schema
+from fsdptrace.store.env import SINGLE_THREADED_ENV
 from fsdptrace.store.journal_format import JOURNAL_DIR
 
 log = logging.getLogger("fsdptrace")
@@ -186,7 +187,7 @@ class ChunkWriter:
         self._bytes_before += self._status.bytes_written
         self._status = WriterStatus()
         package_parent = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
+        env = {**os.environ, **SINGLE_THREADED_ENV}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH"))
                                             if p)
         command = [sys.executable, "-m", "fsdptrace.record.writer_process", "--parent",

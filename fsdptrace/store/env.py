@@ -25,5 +25,11 @@ HOT_DIR_ENV = "FSDPTRACE_HOT_DIR"
 # Seconds ``analyze(scheduler=...)`` waits to reach a Dask scheduler (``distributed``).
 CONNECT_TIMEOUT_ENV = "FSDPTRACE_DASK_CONNECT_TIMEOUT"
 
+# The writer process does no numerical work: one thread for each library that would start a
+# pool of its own while importing (numpy's OpenBLAS starts one spinning thread per core, which
+# costs a writer more CPU than the rest of its start-up, on every rank of a big node).
+SINGLE_THREADED_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                       "MKL_NUM_THREADS": "1"}
+
 # Where a run dir goes when neither an argument nor RUN_DIR_ENV names one.
 DEFAULT_RUNS_ROOT = "fsdptrace_runs"
