@@ -8,6 +8,7 @@ else from the cut-off pass.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -53,9 +54,27 @@ def _torchrun(*args: str) -> list[str]:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the launcher's group and to the ranks it started: torchrun starts each rank
+    in a session of its own, which the group's signal does not reach (ranks killed only through
+    the group outlived the test, a hanging one by its 600 s sleep). The ranks' writer
+    processes are left alone, as a scheduler's SIGKILL to the job's processes leaves them."""
     if proc.poll() is None:
+        ranks = _children(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """The living processes whose parent is ``pid`` (``/proc/PID/stat``'s fourth field)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def _wait_truth(out: Path, deadline_s: float = 120.0) -> tuple:
