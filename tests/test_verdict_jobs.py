@@ -71,11 +71,15 @@ def test_clean_twins_have_no_findings(clean: Path, case: str) -> None:
 def test_an_expert_dropped_on_one_rank(tmp_path: Path) -> None:
     """Rank 1 skips ``moe.experts.1`` in step 1, micro-step 0. Both ranks complete that
     forward (the same-shaped all-gathers pair up wrongly without an error); in its backward
-    rank 1 times out in a gloo recv (8 s) and rank 0 then loses its peer ("Connection closed
-    by peer"). The forward of (1, 0) is compared (only the backward was cut off) and, with two
-    ranks, names no outlier; the verdict names that divergence as the root cause."""
+    both wait in gloo, and the first 8 s timeout to fire ends that rank, whose peer then times
+    out too or loses it ("Connection closed by peer"): which rank comes first is a race. The
+    forward of (1, 0) is compared (only the backward was cut off) and, with two ranks, names
+    no outlier; the verdict names that divergence as the root cause."""
     run_dir = _run(tmp_path, "drop_expert")
-    assert "Timed out" in case_result(run_dir, 1)["error"]
+    errors = [case_result(run_dir, rank)["error"] for rank in (0, 1)]
+    assert any("Timed out" in error for error in errors), errors
+    assert all("Timed out" in error or "Connection closed by peer" in error
+               for error in errors), errors
     found = fsdptrace.analyze(run_dir).findings
     divergence = found[found["check"] == "rank-divergence"]
     assert set(zip(divergence["rank"], divergence["step"], divergence["micro_step"],
