@@ -16,6 +16,7 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
+from fsdptrace.checks.kernel.columns import empty_frame
 from fsdptrace.checks.kernel.majority import against_majority, compared_with
 from fsdptrace.checks.kernel.settings import value_at
 from fsdptrace.checks.kernel.stops import cut_off_passes
@@ -69,7 +70,7 @@ def summarize(tables: RankTables) -> pd.DataFrame:
 
 
 def _empty() -> pd.DataFrame:
-    return pd.DataFrame(columns=_SUMMARY).astype(_DTYPES)
+    return empty_frame(_DTYPES)
 
 
 def _joined_params(rows: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -148,7 +149,8 @@ def _told_unused(tables: RankTables, slots: pd.DataFrame) -> pd.Series:
 
 def check(merged: Merged) -> pd.DataFrame:
     """Ranks outside the most common set of reduced parameters, per unit and micro-step."""
-    return compare(merged.summaries.get(NAME, _empty()), merged.unit_sets)
+    summary = merged.summaries.get(NAME)
+    return compare(_empty() if summary is None else summary, merged.unit_sets)
 
 
 def compare(slots: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.kernel.columns import fold
+from fsdptrace.checks.kernel.columns import empty_frame, fold
 from fsdptrace.checks.kernel.majority import against_majority, compared_with
 from fsdptrace.checks.kernel.stops import cut_off_passes
 from fsdptrace.reading import incomplete
@@ -61,7 +61,7 @@ def summarize(tables: RankTables) -> pd.DataFrame:
 
 
 def _empty() -> pd.DataFrame:
-    return pd.DataFrame(columns=_SUMMARY).astype(_DTYPES)
+    return empty_frame(_DTYPES)
 
 
 def _completed_micro_steps(tables: RankTables) -> pd.DataFrame:
@@ -92,7 +92,8 @@ def _stopped_backwards(tables: RankTables) -> pd.DataFrame:
 
 def check(merged: Merged) -> pd.DataFrame:
     """Ranks outside the most common value of a unit's setting, where some rank changed it."""
-    return compare(merged.summaries.get(NAME, _empty()), merged.unit_sets)
+    summary = merged.summaries.get(NAME)
+    return compare(_empty() if summary is None else summary, merged.unit_sets)
 
 
 def in_effect(summary: pd.DataFrame) -> pd.DataFrame:

@@ -10,6 +10,7 @@ rare: ``Columns.frame`` rebuilds a pandas frame of just the rows a check reports
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -227,3 +228,15 @@ def distinct_ranks(rank: np.ndarray) -> list[int]:
         return []
     low, high = int(rank.min()), int(rank.max())
     return [low] if low == high else sorted(pd.unique(rank).tolist())
+
+
+def empty_frame(dtypes: dict[str, str]) -> pd.DataFrame:
+    """A frame of no rows with ``dtypes``'s columns, in its order. Built once per set of
+    columns and copied: building one costs about 1.2 ms and a copy 0.05, and a check's
+    summary of a rank without rows, or of no rank, asks for one on every analysis."""
+    return _empty_frame(tuple(dtypes.items())).copy()
+
+
+@functools.cache
+def _empty_frame(dtypes: tuple[tuple[str, str], ...]) -> pd.DataFrame:
+    return pd.DataFrame(columns=[name for name, _ in dtypes]).astype(dict(dtypes))
