@@ -75,9 +75,10 @@ def blocks(findings: pd.DataFrame, *, label: Label | None = None,
             out.append(Block(cause.severity, parts, title=_title(cause, rows, label),
                              fix=_fix(cause, rows, label), group=cause.group))
     rest = findings[~groups.isin(shared)]
+    present = set(rest["check"])  # not a mask per check of the contract: most have no rows
     for name, info in CHECKS.items():
-        rows = rest[rest["check"] == name]
-        if len(rows):
+        if name in present:
+            rows = rest[rest["check"] == name]
             out.append(Block(info.severity, (_part(rows, name, label, max_rows),)))
     return out
 
