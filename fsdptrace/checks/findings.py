@@ -11,6 +11,8 @@ from typing import Any
 
 import pandas as pd
 
+from fsdptrace.checks.kernel.columns import empty_frame
+
 LOCATION = ["check", "severity", "rank", "step", "micro_step", "phase", "unit", "target"]
 # position: the index in the order the message names (check 1: the source's first call; 4, 7:
 # the first difference; 6: the last unit entered); target_position: check 1's target's last
@@ -42,20 +44,16 @@ _DTYPES = {
 
 # As instances: ``dtype == "string"`` also holds for pandas' NaN-valued ``str`` dtype.
 _RESOLVED = {c: pd.Series([], dtype=d).dtype for c, d in _DTYPES.items()}
-
-_EMPTY: pd.DataFrame | None = None
-
+_EMPTY_DTYPES = {c: _DTYPES[c] for c in COLUMNS}
 
 def empty() -> pd.DataFrame:
     """No findings, with the right columns and dtypes.
 
-    Built once and copied: every check returns it on a clean step, and building nine typed
-    columns costs milliseconds, which the live option would pay before each optimizer step.
+    Built once and copied (``empty_frame``): every check returns it on a clean step, and
+    building the typed columns costs milliseconds, which the live option would pay before each
+    optimizer step.
     """
-    global _EMPTY
-    if _EMPTY is None:
-        _EMPTY = pd.DataFrame({c: pd.Series([], dtype=_DTYPES[c]) for c in COLUMNS})
-    return _EMPTY.copy()
+    return empty_frame(_EMPTY_DTYPES)
 
 
 def make(check: str, severity: str, rows: pd.DataFrame, message: Iterable[str]) -> pd.DataFrame:
