@@ -24,7 +24,7 @@ from fsdptrace.reading import chunk_gaps
 from fsdptrace.reading.reader import part_files, read_rank
 from fsdptrace.record.part_writer import PartWriter
 from fsdptrace.record.writer import ChunkWriter
-from fsdptrace.store import journal_hot, schema
+from fsdptrace.store import journal_hot, journal_read, schema
 from fsdptrace.store.journal_format import HEADER, SEGMENT_NAME
 from fsdptrace.store.journal_read import read_segment
 
@@ -479,3 +479,21 @@ def test_the_writer_process_converts_without_pandas(tmp_path: Path) -> None:
     assert "/pandas/" not in maps
     assert writer.close(10.0)
     assert _seqs(tmp_path) == list(range(1, 501))
+
+
+def test_a_hot_folder_removed_while_listed_holds_no_segments(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer removes its hot folder once every segment is in a part; a reader that found the
+    folder a moment before must list nothing there, not fail (a CI run's analysis of a hang
+    just after SIGTERM raised FileNotFoundError from here)."""
+    folder = tmp_path / "hot"
+    folder.mkdir()
+    real_iterdir = Path.iterdir
+
+    def removed_meanwhile(path: Path):  # the folder existed when looked at, not when listed
+        if path == folder:
+            shutil.rmtree(folder)
+        return real_iterdir(path)
+
+    monkeypatch.setattr(Path, "iterdir", removed_meanwhile)
+    assert journal_read.segments(folder, "events") == []

@@ -55,11 +55,18 @@ def fixed_dtype(table: str) -> np.dtype:
 
 
 def segments(journal_dir: Path, table: str) -> list[tuple[str, int, Path]]:
-    """``(writer, index, path)`` of one table's segments, in writing order."""
-    if not journal_dir.is_dir():
+    """``(writer, index, path)`` of one table's segments, in writing order.
+
+    A folder that is gone holds none, also when it goes while listed: a hot folder's writer
+    removes it once it has converted every segment into parts (which a reader lists after
+    the segments), and a reader of a run still finishing must not fail on that.
+    """
+    try:
+        names = list(journal_dir.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
         return []
     found = []
-    for path in journal_dir.iterdir():
+    for path in names:
         match = SEGMENT_NAME.match(path.name)
         if match and match["table"] == table and path.is_file():
             found.append((match["writer"], int(match["index"]), path))
