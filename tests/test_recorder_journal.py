@@ -460,9 +460,10 @@ def test_a_record_copied_while_it_was_written_is_copied_again_whole(tmp_path: Pa
     shutil.rmtree(recorder.segment_dir, ignore_errors=True)
 
 
-def test_the_writer_process_converts_without_pandas(tmp_path: Path) -> None:
+def test_the_writer_process_converts_without_pandas_or_pyarrow_compute(tmp_path: Path) -> None:
     """The writer process is one per rank: pandas, which pyarrow would import for it, costs each
-    about 0.15 CPU-s and 40 MB it never uses. Its mapped files say whether it was loaded."""
+    about 0.15 CPU-s and 40 MB it never uses, and ``pyarrow.compute`` (a cast, ``read_table``)
+    40 ms of its start-up. Its mapped files say whether either was loaded."""
     writer = _writer(tmp_path)
     writer.start()
     _append_events(writer, 1, 500)
@@ -477,6 +478,7 @@ def test_the_writer_process_converts_without_pandas(tmp_path: Path) -> None:
     maps = Path(f"/proc/{process.pid}/maps").read_text()
     assert "pyarrow" in maps  # it converted
     assert "/pandas/" not in maps
+    assert "pyarrow/_compute." not in maps and "pyarrow/_dataset." not in maps
     assert writer.close(10.0)
     assert _seqs(tmp_path) == list(range(1, 501))
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from fsdptrace.errors import SkippedChunkWarning, UnreadableChunkError
@@ -160,8 +161,21 @@ def _gap_row(path: Path, table: str, files: list[Path],
 def _span(path: Path, table: str) -> tuple[int, int] | None:
     """(first, last) step of a chunk: a Parquet part's footer, a journal segment's rows."""
     if path.name.endswith(SEGMENT_SUFFIX):
-        return journal_read.step_span(path, table)
+        return _segment_step_span(path, table)
     return _step_span(pq.ParquetFile(path).metadata)
+
+
+def _segment_step_span(path: Path, table: str) -> tuple[int, int] | None:
+    """(first, last) optimizer step of a journal segment's rows; ``None`` without rows or steps.
+    Here, not in ``store.journal_read``: the writer process imports that module, and
+    ``pyarrow.compute`` would cost each writer 40 ms of start-up for a reader's question."""
+    data = journal_read.read_segment(path, table)
+    if "step" not in data.column_names or not data.num_rows:
+        return None
+    bounds = pc.min_max(data.column("step")).as_py()
+    if bounds["min"] is None:
+        return None
+    return max(int(bounds["min"]), 0), max(int(bounds["max"]), 0)
 
 
 def _step_span(metadata: pq.FileMetaData) -> tuple[int, int] | None:

@@ -158,7 +158,7 @@ class PartWriter:
             return
         paths = [self._segment(name, i) for i in ready]
         data = pa.concat_tables([journal_read.read_segment(p, name) for p in paths])
-        self._write_part(name, data.cast(self._schema(name)), ready[0], ready[-1])
+        self._write_part(name, self._stamped(name, data), ready[0], ready[-1])
         self.converted[name] = ready[-1]
         for index, path in zip(ready, paths, strict=True):
             path.unlink()
@@ -254,7 +254,8 @@ class PartWriter:
             if len(parts) < 2:
                 continue
             try:
-                data = pa.concat_tables([pq.read_table(p).cast(self._schema(name))
+                # ParquetFile, not read_table: that imports pyarrow.dataset for one file.
+                data = pa.concat_tables([self._stamped(name, pq.ParquetFile(p).read())
                                          for _, _, p in parts])
                 self._write_part(name, data, parts[0][0], max(last for _, last, _ in parts))
             except (OSError, pa.ArrowException):
@@ -352,6 +353,15 @@ class PartWriter:
                                           version=self.version)
             self._schemas[table_name] = cached
         return cached
+
+    def _stamped(self, table_name: str, data: pa.Table) -> pa.Table:
+        """``data`` under the table's stamped schema. Segments read back with the schema's own
+        types, so only the metadata is new; a cast would import ``pyarrow.compute``, 40 ms of
+        the start-up of every writer process, for nothing to convert."""
+        stamped = self._schema(table_name)
+        if data.schema.equals(stamped):  # metadata aside
+            return data.replace_schema_metadata(stamped.metadata)
+        return data.cast(stamped)
 
     def _write_part(self, table_name: str, table: pa.Table, first: int, last: int) -> Path:
         """Write one part atomically: a hidden temp name (hive readers skip dot-files), rename.

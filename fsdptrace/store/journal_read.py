@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from fsdptrace.errors import UnreadableChunkError
 from fsdptrace.store import schema
@@ -140,17 +139,6 @@ def loads_flat(text: bytes) -> object:
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
 
-def step_span(path: Path, table: str) -> tuple[int, int] | None:
-    """(first, last) optimizer step of a segment's rows; ``None`` without rows or steps."""
-    data = read_segment(path, table)
-    if "step" not in data.column_names or not data.num_rows:
-        return None
-    bounds = pc.min_max(data.column("step")).as_py()
-    if bounds["min"] is None:
-        return None
-    return max(int(bounds["min"]), 0), max(int(bounds["max"]), 0)
-
-
 def _fixed_rows(data: bytes, offset: int, table: str, vocab: dict) -> pa.Table:
     dtype = fixed_dtype(table)
     count = (len(data) - offset) // dtype.itemsize
@@ -158,16 +146,18 @@ def _fixed_rows(data: bytes, offset: int, table: str, vocab: dict) -> pa.Table:
     seq = slots[schema.TABLES[table].names[0]]
     rows = slots[(seq == slots["_trailer"]) & (seq != 0)]
     coded = set(dictionary_columns(table))
-    columns = {}
+    columns = []
     for field in schema.TABLES[table]:
         values = np.ascontiguousarray(rows[field.name])
         if field.name in coded:
             words = pa.array(list(vocab[field.name]), pa.string())
             indices = pa.array(values, mask=values < 0)
-            columns[field.name] = pa.DictionaryArray.from_arrays(indices, words, safe=True)
+            columns.append(pa.DictionaryArray.from_arrays(indices, words, safe=True))
         else:
-            columns[field.name] = pa.array(values)
-    return pa.table(columns).cast(schema.TABLES[table].remove_metadata())
+            columns.append(pa.array(values))
+    # The slots' dtype is the schema's (``fixed_dtype``): no cast, which would import
+    # ``pyarrow.compute`` (40 ms of each writer process's start-up) for nothing to convert.
+    return pa.Table.from_arrays(columns, schema=schema.TABLES[table].remove_metadata())
 
 
 def complete_records_end(data: bytes, offset: int) -> int:
