@@ -16,6 +16,9 @@ import pandas as pd
 
 ISSUER_KINDS = ("own", "prefetch", "implicit", "manual", "recompute", "other")
 _PER_STEP = ["rank", "step", "unit"]
+_PER_STEP_COLUMNS = [*_PER_STEP, "all_gathers", "num_bytes", *ISSUER_KINDS, "noops"]
+_HELD_COLUMNS = ["rank", "seq", "t_ns", "step", "micro_step", "phase", "unit", "event",
+                 "held_bytes", "rank_held_bytes"]
 _ORDINALS = {1: "first", 2: "second", 3: "third", 4: "fourth", 5: "fifth"}
 
 
@@ -25,10 +28,13 @@ def per_step(allgathers: pd.DataFrame) -> pd.DataFrame:
     ``all_gathers`` counts real collectives (``issue`` rows); ``noops`` counts ``unshard()``
     calls that found the unit already gathered or pending.
     """
-    columns = [*_PER_STEP, "all_gathers", "num_bytes", *ISSUER_KINDS, "noops"]
     if not len(allgathers):
-        return pd.DataFrame(columns=columns)
-    rows = plain(allgathers)
+        return pd.DataFrame(columns=_PER_STEP_COLUMNS)
+    return _per_step(plain(allgathers))
+
+
+def _per_step(rows: pd.DataFrame) -> pd.DataFrame:
+    """``per_step`` of rows ``plain`` made already."""
     issues = rows[rows["event"] == "issue"]
     counts = (issues.groupby([*_PER_STEP, "issuer_kind"]).size()
               .unstack("issuer_kind", fill_value=0)
@@ -37,7 +43,7 @@ def per_step(allgathers: pd.DataFrame) -> pd.DataFrame:
                                            num_bytes=("num_bytes", "sum"))
     noops = rows[rows["event"] == "noop"].groupby(_PER_STEP).size().rename("noops")
     out = totals.join(counts, how="outer").join(noops, how="outer").fillna(0)
-    return out.astype("int64").reset_index()[columns]
+    return out.astype("int64").reset_index()[_PER_STEP_COLUMNS]
 
 
 def bytes_held(allgathers: pd.DataFrame) -> pd.DataFrame:
@@ -45,11 +51,13 @@ def bytes_held(allgathers: pd.DataFrame) -> pd.DataFrame:
 
     ``held_bytes`` is that unit's, ``rank_held_bytes`` the whole rank's at that moment.
     """
-    columns = ["rank", "seq", "t_ns", "step", "micro_step", "phase", "unit", "event",
-               "held_bytes", "rank_held_bytes"]
     if not len(allgathers):
-        return pd.DataFrame(columns=columns)
-    rows = plain(allgathers)
+        return pd.DataFrame(columns=_HELD_COLUMNS)
+    return _bytes_held(plain(allgathers))
+
+
+def _bytes_held(rows: pd.DataFrame) -> pd.DataFrame:
+    """``bytes_held`` of rows ``plain`` made already."""
     rows = rows[rows["event"].isin(["issue", "consume", "drop"])].sort_values(["rank", "seq"])
     sign = rows["event"].map({"issue": 1, "consume": -1, "drop": -1}).astype("int64")
     delta = sign * rows["num_bytes"]
@@ -57,18 +65,18 @@ def bytes_held(allgathers: pd.DataFrame) -> pd.DataFrame:
         held_bytes=delta.groupby([rows["rank"], rows["unit"], rows["group"]]).cumsum(),
         rank_held_bytes=delta.groupby(rows["rank"]).cumsum(),
     )
-    return rows[columns].reset_index(drop=True)
+    return rows[_HELD_COLUMNS].reset_index(drop=True)
 
 
 def overview(allgathers: pd.DataFrame) -> dict[str, int]:
     """The table in a few numbers: issues by issuer, no-op prefetches, peak bytes held."""
     if not len(allgathers):
         return {}
-    steps = per_step(allgathers)
-    held = bytes_held(allgathers)
+    rows = plain(allgathers)  # once: on a large run, seconds per call
+    steps = _per_step(rows)
+    held = _bytes_held(rows)
     numbers = {"issued": int(steps["all_gathers"].sum())}
     numbers.update({kind: int(steps[kind].sum()) for kind in ISSUER_KINDS if steps[kind].any()})
-    rows = plain(allgathers)
     numbers["noop_prefetches"] = int(((rows["event"] == "noop")
                                       & (rows["issuer_kind"] == "prefetch")).sum())
     numbers["peak_held_bytes"] = int(held["rank_held_bytes"].max()) if len(held) else 0

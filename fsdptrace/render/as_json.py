@@ -102,7 +102,8 @@ def summary_document(analysis: Analysis) -> dict[str, Any]:
 
     trace = analysis.trace
     table = per_rank(trace)
-    return {**_header("summary"), "run_dir": run_dir_label(analysis), **overview(trace),
+    return {**_header("summary"), "run_dir": run_dir_label(analysis),
+            **overview(trace, ranks=table),
             "all_gathers": overview_line(trace.allgathers),
             "per_rank": records(table, list(table.columns))}
 

@@ -24,7 +24,9 @@ def render(analysis: Analysis, out: TextIO) -> None:
     """The run in numbers, its dropped rows, then one row per rank (hosts come from the run
     dir, so every cell goes through ``printable``)."""
     trace = analysis.trace
-    numbers = overview(analysis.trace)
+    peaks = unsharded.peaks(trace.allgathers)
+    table = per_rank(trace, peaks=peaks)
+    numbers = overview(trace, ranks=table)
     out.write(f"run dir: {printable(run_dir_label(analysis))}\n")
     incomplete = numbers.pop("incomplete_steps")
     for key, value in numbers.items():
@@ -34,9 +36,7 @@ def render(analysis: Analysis, out: TextIO) -> None:
     for rank, where in incomplete.items():
         out.write(f"  rank {rank}: {printable(where)}\n")
     out.write(f"all-gathers: {printable(overview_line(trace.allgathers))}\n")
-    write_memory_lines(unsharded.peaks(trace.allgathers), out,
-                       types=module_types(trace.units))
-    table = per_rank(trace)
+    write_memory_lines(peaks, out, types=module_types(trace.units))
     for name in table.columns:
         if not pd.api.types.is_numeric_dtype(table[name]):
             table[name] = table[name].astype(object).map(printable, na_action="ignore")

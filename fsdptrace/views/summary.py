@@ -41,8 +41,9 @@ def summarize(trace: Trace) -> RunSummary:
     return RunSummary(trace)
 
 
-def per_rank(trace: Trace) -> pd.DataFrame:
-    """One row per rank: steps, micro-steps, events, time span, and how recording ended."""
+def per_rank(trace: Trace, *, peaks: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per rank: steps, micro-steps, events, time span, and how recording ended.
+    ``peaks``: ``unsharded.peaks(trace.allgathers)``, where the caller prints them too."""
     ranks = pd.DataFrame({"rank": pd.Series(trace.ranks, dtype="int64")})
     ev = trace.events.assign(rank=trace.events["rank"].astype("int64"))
     stats = ev.groupby("rank").agg(
@@ -64,12 +65,12 @@ def per_rank(trace: Trace) -> pd.DataFrame:
     meta = meta.drop_duplicates("rank", keep="last")[["rank", "host", "pid", "backend",
                                                       "fsdptrace_version"]]
     out = out.merge(meta, on="rank", how="left")
-    return out.merge(_unsharded_peaks(trace), on="rank", how="left")
+    peaks = unsharded.peaks(trace.allgathers) if peaks is None else peaks
+    return out.merge(_unsharded_peaks(peaks), on="rank", how="left")
 
 
-def _unsharded_peaks(trace: Trace) -> pd.DataFrame:
+def _unsharded_peaks(peaks: pd.DataFrame) -> pd.DataFrame:
     """Per rank, its highest pass of unsharded parameter bytes and that pass's floor."""
-    peaks = unsharded.peaks(trace.allgathers)
     top = unsharded.worst_passes(peaks)
     return pd.DataFrame({"rank": top["rank"].astype("int64"),
                          "peak_unsharded_bytes": top["peak_bytes"].astype("Int64"),
@@ -84,9 +85,10 @@ def _endings(trace: Trace) -> dict[int, str]:
     return dict(zip(found["rank"].astype(int), text, strict=True))
 
 
-def overview(trace: Trace) -> dict[str, object]:
-    """The run in numbers (JSON-friendly)."""
-    ranks = per_rank(trace)
+def overview(trace: Trace, *, ranks: pd.DataFrame | None = None) -> dict[str, object]:
+    """The run in numbers (JSON-friendly). ``ranks``: ``per_rank(trace)``, where the caller
+    prints it too (a group-by over every event: on a large run, seconds to compute twice)."""
+    ranks = per_rank(trace) if ranks is None else ranks
     span = 0.0
     if len(trace.events):
         span = float((trace.events["t_ns"].max() - trace.events["t_ns"].min()) / 1e9)
