@@ -53,12 +53,16 @@ def bytes_held(allgathers: pd.DataFrame) -> pd.DataFrame:
     """
     if not len(allgathers):
         return pd.DataFrame(columns=_HELD_COLUMNS)
-    return _bytes_held(plain(allgathers))
+    return _held_sums(_ledger(plain(allgathers)))
 
 
-def _bytes_held(rows: pd.DataFrame) -> pd.DataFrame:
-    """``bytes_held`` of rows ``plain`` made already."""
-    rows = rows[rows["event"].isin(["issue", "consume", "drop"])].sort_values(["rank", "seq"])
+def _ledger(rows: pd.DataFrame) -> pd.DataFrame:
+    """The issues, consumes and drops of rows ``plain`` made, in order per rank."""
+    return rows[rows["event"].isin(["issue", "consume", "drop"])].sort_values(["rank", "seq"])
+
+
+def _held_sums(rows: pd.DataFrame) -> pd.DataFrame:
+    """``bytes_held`` of the ``_ledger`` rows."""
     sign = rows["event"].map({"issue": 1, "consume": -1, "drop": -1}).astype("int64")
     delta = sign * rows["num_bytes"]
     rows = rows.assign(
@@ -74,11 +78,13 @@ def overview(allgathers: pd.DataFrame) -> dict[str, int]:
         return {}
     rows = plain(allgathers)  # once: on a large run, seconds per call
     steps = _per_step(rows)
-    held = _bytes_held(rows)
+    noop_prefetches = int(((rows["event"] == "noop") & (rows["issuer_kind"] == "prefetch")).sum())
+    ledger = _ledger(rows)
+    del rows  # alive while the ledger is summed, it made the peak 0.35 GB higher at 256 ranks
+    held = _held_sums(ledger)
     numbers = {"issued": int(steps["all_gathers"].sum())}
     numbers.update({kind: int(steps[kind].sum()) for kind in ISSUER_KINDS if steps[kind].any()})
-    numbers["noop_prefetches"] = int(((rows["event"] == "noop")
-                                      & (rows["issuer_kind"] == "prefetch")).sum())
+    numbers["noop_prefetches"] = noop_prefetches
     numbers["peak_held_bytes"] = int(held["rank_held_bytes"].max()) if len(held) else 0
     return numbers
 
