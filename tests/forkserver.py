@@ -283,6 +283,8 @@ def _main() -> None:
     import torch.distributed.fsdp  # noqa: F401
     import torch.distributed.tensor  # noqa: F401
     import torch.nn  # noqa: F401
+    # fully_shard's first call imports dynamo (``torch._disable_dynamo``): 0.9 CPU-s a rank.
+    import torch._dynamo  # noqa: F401
     try:
         _serve(control)
     except _BecomeRank as become:
