@@ -279,12 +279,11 @@ def _main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     import numpy  # noqa: F401  what every rank imports, imported once here
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401  fully_shard's first call imports it: 0.9 CPU-s a rank
     import torch.distributed  # noqa: F401
     import torch.distributed.fsdp  # noqa: F401
     import torch.distributed.tensor  # noqa: F401
     import torch.nn  # noqa: F401
-    # fully_shard's first call imports dynamo (``torch._disable_dynamo``): 0.9 CPU-s a rank.
-    import torch._dynamo  # noqa: F401
     try:
         _serve(control)
     except _BecomeRank as become:
