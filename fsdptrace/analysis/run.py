@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from fsdptrace.analysis.concat import concat_coded
 from fsdptrace.analysis.map_step import (
+    BATCH_RANKS,
+    BATCH_ROWS,
     RankSummary,
     is_small,
     map_ranks,
@@ -157,14 +160,42 @@ def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
     check_meta(_concat_field(summaries, "meta"), run_dir)
 
     def fetch_orders(needed: list[int], wanted: pd.DataFrame) -> pd.DataFrame:
-        arrow = {t: reader.read_ranks(run_dir, t, needed) for t in ("events", "markers")}
-        return RankTables.from_arrow(arrow, lambda t: to_frame(arrow[t])).orders(wanted)
+        return orders_by_batch(run_dir, needed, wanted)
 
     def fetch_prefetch(needed: list[int]) -> pd.DataFrame:
         return read_frame(run_dir, "prefetch", needed)
 
     found = reduce_summaries(summaries, names, fetch_orders, fetch_prefetch)
     return with_flight_recorder(run_dir, found)
+
+
+def orders_by_batch(run_dir: Path, needed: list[int], wanted: pd.DataFrame) -> pd.DataFrame:
+    """The positioned complete orders ``wanted`` (``RankTables.orders``) of the ranks
+    ``needed``, read a batch of ranks at a time, as the map step reads them.
+
+    Each order asked for is one pass of a rank, but a rank's tables hold all its steps: the hang
+    verdict asks for every other rank's pass, and reading those ranks at once held the whole
+    run's events (and their positions) in memory, most of triage's peak at 10,240 ranks.
+    """
+    ranks = sorted(set(needed))
+    tables = ("events", "markers")
+    if not ranks:
+        arrow = {t: reader.read_ranks(run_dir, t, []) for t in tables}
+        return RankTables.from_arrow(arrow, lambda t: to_frame(arrow[t])).orders(wanted)
+    highest = reader.highest_meta_rank(run_dir)
+    found: list[pd.DataFrame] = []
+    batch: list[dict[str, pa.Table]] = []
+    rows = 0
+    for rank in ranks:
+        batch.append({t: reader.read_rank(run_dir, t, rank, highest_rank=highest)
+                      for t in tables})
+        rows += sum(table.num_rows for table in batch[-1].values())
+        if rows >= BATCH_ROWS or len(batch) >= BATCH_RANKS or rank == ranks[-1]:
+            arrow = {t: reader.concat_ranks([b[t] for b in batch], t) for t in tables}
+            found.append(RankTables.from_arrow(
+                arrow, lambda t, arrow=arrow: to_frame(arrow[t])).orders(wanted))
+            batch, rows = [], 0
+    return pd.concat([f for f in found if len(f)] or found[:1], ignore_index=True)
 
 
 def with_flight_recorder(run_dir: Path, found: pd.DataFrame) -> pd.DataFrame:
