@@ -10,7 +10,7 @@ the reduce step that gathers the summaries (``fsdptrace.analysis.run``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -88,27 +88,38 @@ def map_ranks(run_dir: Path, ranks: list[int], names: list[str], *,
               highest_rank: int | None = None) -> list[RankSummary]:
     """The map step for some ranks of a run dir (what each process or Dask worker runs).
 
-    Ranks are read one by one with pyarrow, into batches of at most ``BATCH_ROWS`` rows or
-    ``BATCH_RANKS`` ranks, and the checks run once per batch on its code columns (no pandas
+    The checks run once per batch of ranks (``read_batches``) on its code columns (no pandas
     copy of the events): a check's fixed cost is milliseconds of pandas whatever its rows,
     and a 10,000-rank run would pay it per rank. One summary per batch.
     """
     highest = reader.highest_meta_rank(run_dir) if highest_rank is None else highest_rank
     summaries: list[RankSummary] = []
+    skipped_before = len(chunk_gaps.noted())
+    for batch in read_batches(run_dir, ranks, _READ_ORDER, highest_rank=highest):
+        skipped = chunk_gaps.noted()[skipped_before:]
+        summaries.append(replace(_map_batch(run_dir, batch, names), skipped=skipped))
+        skipped_before += len(skipped)
+    return summaries
+
+
+def read_batches(run_dir: Path, ranks: list[int], tables: Iterable[str], *,
+                 highest_rank: int) -> Iterator[list[tuple[int, dict[str, pa.Table]]]]:
+    """``ranks`` read one by one with pyarrow (``tables`` of each), in batches of at most
+    ``BATCH_ROWS`` rows or ``BATCH_RANKS`` ranks: the map step's, and the reduce's when it
+    re-reads the orders it spells out. Memory stays bounded by one batch (a deep rank is a
+    batch of its own)."""
     batch: list[tuple[int, dict[str, pa.Table]]] = []
     rows = 0
-    skipped_before = len(chunk_gaps.noted())
     for rank in ranks:
-        arrow = {t: reader.read_rank(run_dir, t, rank, highest_rank=highest)
-                 for t in _READ_ORDER}
+        arrow = {t: reader.read_rank(run_dir, t, rank, highest_rank=highest_rank)
+                 for t in tables}
         batch.append((rank, arrow))
         rows += sum(table.num_rows for table in arrow.values())
-        if rows >= BATCH_ROWS or len(batch) >= BATCH_RANKS or rank == ranks[-1]:
-            skipped = chunk_gaps.noted()[skipped_before:]
-            summaries.append(replace(_map_batch(run_dir, batch, names), skipped=skipped))
-            skipped_before += len(skipped)
+        if rows >= BATCH_ROWS or len(batch) >= BATCH_RANKS:
+            yield batch
             batch, rows = [], 0
-    return summaries
+    if batch:
+        yield batch
 
 
 def _map_batch(run_dir: Path, batch: list[tuple[int, dict[str, pa.Table]]],

@@ -22,13 +22,12 @@ import pyarrow as pa
 
 from fsdptrace.analysis.concat import concat_coded
 from fsdptrace.analysis.map_step import (
-    BATCH_RANKS,
-    BATCH_ROWS,
     RankSummary,
     is_small,
     map_ranks,
     map_tables,
     rank_pieces,
+    read_batches,
     with_causes,
 )
 from fsdptrace.analysis.result import Analysis
@@ -179,23 +178,17 @@ def orders_by_batch(run_dir: Path, needed: list[int], wanted: pd.DataFrame) -> p
     """
     ranks = sorted(set(needed))
     tables = ("events", "markers")
-    if not ranks:
-        arrow = {t: reader.read_ranks(run_dir, t, []) for t in tables}
-        return RankTables.from_arrow(arrow, lambda t: to_frame(arrow[t])).orders(wanted)
-    highest = reader.highest_meta_rank(run_dir)
-    found: list[pd.DataFrame] = []
-    batch: list[dict[str, pa.Table]] = []
-    rows = 0
-    for rank in ranks:
-        batch.append({t: reader.read_rank(run_dir, t, rank, highest_rank=highest)
-                      for t in tables})
-        rows += sum(table.num_rows for table in batch[-1].values())
-        if rows >= BATCH_ROWS or len(batch) >= BATCH_RANKS or rank == ranks[-1]:
-            arrow = {t: reader.concat_ranks([b[t] for b in batch], t) for t in tables}
-            found.append(RankTables.from_arrow(
-                arrow, lambda t, arrow=arrow: to_frame(arrow[t])).orders(wanted))
-            batch, rows = [], 0
+    found = [_orders({t: reader.concat_ranks([a[t] for _, a in batch], t) for t in tables},
+                     wanted)
+             for batch in read_batches(run_dir, ranks, tables,
+                                       highest_rank=reader.highest_meta_rank(run_dir))]
+    if not found:  # no rank: the empty frame of the right columns
+        return _orders({t: reader.read_ranks(run_dir, t, []) for t in tables}, wanted)
     return pd.concat([f for f in found if len(f)] or found[:1], ignore_index=True)
+
+
+def _orders(arrow: dict[str, pa.Table], wanted: pd.DataFrame) -> pd.DataFrame:
+    return RankTables.from_arrow(arrow, lambda t: to_frame(arrow[t])).orders(wanted)
 
 
 def with_flight_recorder(run_dir: Path, found: pd.DataFrame) -> pd.DataFrame:
