@@ -1,6 +1,8 @@
 """Check 10's summary finds distinct keys and each slot's first row without sorting every row
 (``_distinct``, ``_first_rows``): held to ``np.unique`` on random slots, through both ways each
 takes (the bitmap and the sort; slots numbered as pandas' ``ngroup(sort=False)`` does, or not).
+Its comparison keeps only the groups where ranks disagree (``_split_groups``): held to a
+pandas group-by, with keys packed in one integer and keys too wide for that.
 """
 
 from __future__ import annotations
@@ -35,3 +37,24 @@ def test_first_rows_are_where_slots_first_appear(rows: list[tuple[int, int]],
     num_slots = int(slot.max()) + 1
     assert np.array_equal(check10._first_rows(slot, num_slots),
                           np.unique(slot, return_index=True)[1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2), st.integers(0, 1),
+                          st.sampled_from("ab"), st.sampled_from(["", "w", "w, b"]),
+                          st.sampled_from(["", "w"])), min_size=1, max_size=40),
+       st.lists(st.integers(0, 1), min_size=5, max_size=5), st.booleans())
+def test_split_groups_are_the_groups_whose_ranks_disagree(
+        rows: list[tuple], sets: list[int], wide: bool) -> None:
+    slots = pd.DataFrame(rows, columns=["rank", "step", "micro_step", "unit", "reduced",
+                                        "received"]).drop_duplicates(check10.SLOT)
+    if wide:  # keys that do not fit one int64 together
+        slots["step"] += 2**31 - 4
+        slots["micro_step"] += 2**31 - 4
+    slots = slots.assign(told_unused=False).astype(check10._DTYPES)
+    unit_sets = pd.DataFrame({"rank": range(5), "unit_set": sets})  # rank 5 has none
+    merged = slots.reset_index().merge(unit_sets, on="rank")
+    lists = merged.groupby(["unit_set", "step", "micro_step", "unit"], observed=True)[
+        ["reduced", "received"]].transform("nunique")
+    expected = sorted(merged.loc[lists.max(axis=1) > 1, "index"])
+    assert check10._split_groups(slots, unit_sets).index.tolist() == expected
