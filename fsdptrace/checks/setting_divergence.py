@@ -125,7 +125,7 @@ def compare(summary: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     """
     if not len(summary) or not len(unit_sets):
         return findings.empty()
-    values = in_effect(summary)
+    values = in_effect(_with_several_values(summary))
     if not len(values):
         return findings.empty()
     group = ["unit_set", *_SLOT]
@@ -134,6 +134,25 @@ def compare(summary: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     if not len(differs):
         return findings.empty()
     return _report(_one_per_cause(differs))
+
+
+def _with_several_values(summary: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` without the settings rows of the (unit, setting) pairs that hold one value
+    in every row of every rank: that value is what each rank has in effect wherever it has one,
+    so no rank differs there. Nearly every pair is such a pair, and ``in_effect`` builds a row
+    per rank, point and pair (at 1,024 ranks x 48 units, most of this check's memory).
+    """
+    has_row = summary["setting"].notna()
+    rows = summary[has_row]
+    distinct = rows.drop_duplicates(["unit", "setting", "value"])
+    several = distinct.loc[distinct.duplicated(["unit", "setting"], keep=False),
+                           ["unit", "setting"]].drop_duplicates()
+    if len(several) == len(distinct[["unit", "setting"]].drop_duplicates()):
+        return summary
+    keep = ~has_row.to_numpy()
+    keep[np.flatnonzero(has_row.to_numpy())] = pd.MultiIndex.from_frame(
+        rows[["unit", "setting"]]).isin(pd.MultiIndex.from_frame(several))
+    return summary[keep]
 
 
 def _one_per_cause(differs: pd.DataFrame) -> pd.DataFrame:
