@@ -2,7 +2,7 @@
 (``_distinct``, ``_first_rows``): held to ``np.unique`` on random slots, through both ways each
 takes (the bitmap and the sort; slots numbered as pandas' ``ngroup(sort=False)`` does, or not).
 Its comparison keeps only the groups where ranks disagree (``_split_groups``): held to a
-pandas group-by, with keys packed in one integer and keys too wide for that.
+pandas group-by, with narrow keys and keys too wide to multiply into one int64.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_split_groups_are_the_groups_whose_ranks_disagree(
         rows: list[tuple], sets: list[int], wide: bool) -> None:
     slots = pd.DataFrame(rows, columns=["rank", "step", "micro_step", "unit", "reduced",
                                         "received"]).drop_duplicates(check10.SLOT)
-    if wide:  # keys that do not fit one int64 together
+    if wide:  # keys whose ranges multiplied do not fit one int64 (``fold`` compresses)
         slots["step"] += 2**31 - 4
         slots["micro_step"] += 2**31 - 4
     slots = slots.assign(told_unused=False).astype(check10._DTYPES)

@@ -16,7 +16,7 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.kernel.columns import empty_frame
+from fsdptrace.checks.kernel.columns import empty_frame, fold
 from fsdptrace.checks.kernel.majority import against_majority, compared_with
 from fsdptrace.checks.kernel.settings import value_at
 from fsdptrace.checks.kernel.stops import cut_off_passes
@@ -208,9 +208,8 @@ def _split_groups(slots: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     columns = [unit_set[which[known]], slots["step"].to_numpy()[known],
                slots["micro_step"].to_numpy()[known], _codes(slots["unit"])[known]]
     del which
-    key = _group_key(columns)
-    ids, distinct = pd.factorize(key if key is not None else pd.MultiIndex.from_arrays(columns))
-    del key, columns
+    ids, distinct = pd.factorize(fold([[c] for c in columns])[0])
+    del columns
     split = np.zeros(len(distinct), dtype=bool)
     for value in ("reduced", "received"):
         codes = _codes(slots[value])[known]
@@ -222,20 +221,6 @@ def _split_groups(slots: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     keep = np.zeros(len(slots), dtype=bool)
     keep[known] = split[ids]
     return slots[keep]
-
-
-def _group_key(columns: list[np.ndarray]) -> np.ndarray | None:
-    """One int64 per row, equal where every column is (each column's values are >= -1), or
-    None where the ranges multiplied would not fit."""
-    sizes = [int(c.max()) + 2 if len(c) else 1 for c in columns]
-    if np.prod([float(n) for n in sizes]) >= 2.0 ** 62:
-        return None
-    key = np.zeros(len(columns[0]), dtype=np.int64)
-    for column, size in zip(columns, sizes, strict=True):
-        key *= size
-        key += column
-        key += 1
-    return key
 
 
 def _codes(values: pd.Series) -> np.ndarray:
