@@ -111,7 +111,7 @@ def uneven_eval(net: Net, optimizer: Any, rank: int, seen: dict[str, Any]) -> No
 
 
 def one_rank_skips_sync(net: Net, optimizer: Any, rank: int, seen: dict[str, Any]) -> None:
-    """Two micro-steps; rank 1 also turns gradient sync off for the last one."""
+    """Two micro-steps without gradient sync but the last one on rank 0: rank 0 alone syncs."""
     for micro in range(2):
         net.set_requires_gradient_sync(micro == 1 and rank == 0)
         net(batch()).sum().backward()
