@@ -1,8 +1,9 @@
 """Check 10's summary finds distinct keys and each slot's first row without sorting every row
 (``_distinct``, ``_first_rows``): held to ``np.unique`` on random slots, through both ways each
 takes (the bitmap and the sort; slots numbered as pandas' ``ngroup(sort=False)`` does, or not).
-Its comparison keeps only the groups where ranks disagree (``_split_groups``): held to a
-pandas group-by, with narrow keys and keys too wide to multiply into one int64.
+Its comparison keeps only the groups where ranks disagree (``_split_groups``, on runs of
+ranks): held to a pandas group-by, with narrow keys and keys too wide to multiply into one
+int64.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsdptrace.checks import gradient_divergence as check10
+from fsdptrace.checks.kernel import rank_runs
 
 
 @settings(max_examples=200, deadline=None)
@@ -53,8 +55,15 @@ def test_split_groups_are_the_groups_whose_ranks_disagree(
         slots["micro_step"] += 2**31 - 4
     slots = slots.assign(told_unused=False).astype(check10._DTYPES)
     unit_sets = pd.DataFrame({"rank": range(5), "unit_set": sets})  # rank 5 has none
-    merged = slots.reset_index().merge(unit_sets, on="rank")
+    merged = slots.merge(unit_sets, on="rank")
     lists = merged.groupby(["unit_set", "step", "micro_step", "unit"], observed=True)[
         ["reduced", "received"]].transform("nunique")
-    expected = sorted(merged.loc[lists.max(axis=1) > 1, "index"])
-    assert check10._split_groups(slots, unit_sets).index.tolist() == expected
+    expected = merged.loc[lists.max(axis=1) > 1, ["rank", "step", "micro_step", "unit"]]
+    runs = rank_runs.code(slots, unit_sets, check10.SLOT[1:], check10._VALUES)
+    split = rank_runs.expand(check10._split_groups(runs), unit_sets)
+    assert _sorted(split[["rank", "step", "micro_step", "unit"]]) == _sorted(expected)
+
+
+def _sorted(frame: pd.DataFrame) -> list[tuple]:
+    return sorted(frame.astype({"rank": "int64", "step": "int64", "micro_step": "int64",
+                                "unit": str}).itertuples(index=False, name=None))

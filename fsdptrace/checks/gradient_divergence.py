@@ -16,8 +16,10 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
+from fsdptrace.checks.kernel import rank_runs
 from fsdptrace.checks.kernel.columns import empty_frame, fold
 from fsdptrace.checks.kernel.majority import against_majority, compared_with
+from fsdptrace.checks.kernel.order import unit_sets as unit_sets_of
 from fsdptrace.checks.kernel.settings import value_at
 from fsdptrace.checks.kernel.stops import cut_off_passes
 from fsdptrace.reading import incomplete
@@ -34,19 +36,27 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # keeps a signature from being a plain sum
 # What a unit's next syncing post-backward reduce-scatters: gradients written in this backward,
 # carried from a no-sync micro-step, or zeros FSDP2 was told to fill in.
 _REDUCED = ("received", "carried", "zero_filled")
-_SUMMARY = [*SLOT, "reduced", "received", "told_unused"]
-# What the map step keeps, per rank, micro-step and unit, until the reduce: names and parameter
-# lists as category codes (a unit's list is the same text on nearly every rank, so it is held
-# once), int32 keys. As text, 2,048 ranks kept ~100 MiB here.
+_VALUES = ["reduced", "received", "told_unused"]
+_SUMMARY = [*SLOT, *_VALUES]
+# Each rank's slots, per micro-step and unit: names and parameter lists as category codes (a
+# unit's list is the same text on nearly every rank, so it is held once), int32 keys. The map
+# step keeps them as runs of ranks (``rank_runs``): a row per rank and slot was 188 MiB at
+# 10,240 ranks x 48 units x 24 micro-steps, and grew with the steps.
 _DTYPES = {"rank": "int32", "step": "int32", "micro_step": "int32", "unit": "category",
            "reduced": "category", "received": "category", "told_unused": "bool"}
 
 
 def summarize(tables: RankTables) -> pd.DataFrame:
+    """``rank_slots`` as runs of ranks (``rank_runs.code``): what the reduce compares."""
+    return rank_runs.code(rank_slots(tables), unit_sets_of(tables.frame("units")), SLOT[1:],
+                          _VALUES)
+
+
+def rank_slots(tables: RankTables) -> pd.DataFrame:
     """Per (rank, step, micro_step, unit) post-backward: the parameters it will reduce and those
     written in this backward (sorted, comma-joined), and whether it was told to fill zeros."""
     if not tables.sizes["backward_grads"]:
-        return _empty()
+        return empty_frame(_DTYPES)
     raw = tables.frame("backward_grads").dropna(subset=["param"])
     rows = pd.DataFrame({"rank": raw["rank"].astype("int64"), "step": raw["step"].astype("int64"),
                          "micro_step": raw["micro_step"].astype("int64"),
@@ -70,7 +80,7 @@ def summarize(tables: RankTables) -> pd.DataFrame:
 
 
 def _empty() -> pd.DataFrame:
-    return empty_frame(_DTYPES)
+    return rank_runs.code(empty_frame(_DTYPES), unit_sets_of(pd.DataFrame()), SLOT[1:], _VALUES)
 
 
 def _joined_params(rows: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -153,19 +163,21 @@ def check(merged: Merged) -> pd.DataFrame:
     return compare(_empty() if summary is None else summary, merged.unit_sets)
 
 
-def compare(slots: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
-    """``slots``: every rank's ``summarize``; ``unit_sets``: ``order.unit_sets`` of every rank.
+def compare(runs: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
+    """``runs``: every rank's ``summarize`` (slots as runs of ranks); ``unit_sets``:
+    ``order.unit_sets`` of every rank.
 
     Names stay category codes (one vocabulary: ``analysis.concat``) through the comparison;
-    only the rows reported become text.
+    only the groups where ranks disagree get a row per rank, and only the rows reported become
+    text.
     """
-    if not len(slots) or not len(unit_sets):
+    if not len(runs) or not len(unit_sets):
         return findings.empty()
     group = ["unit_set", "step", "micro_step", "unit"]
-    slots = _split_groups(slots, unit_sets)
-    if not len(slots):
+    runs = _split_groups(runs)
+    if not len(runs):
         return findings.empty()
-    slots = slots.merge(unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
+    slots = rank_runs.expand(runs, unit_sets)
     compared = slots.groupby(group)["rank"].transform("size") >= 2
     # Told to fill the missing gradients with zeros on every rank: correct arithmetic.
     compared &= ~slots.groupby(group)["told_unused"].transform("all").astype(bool)
@@ -189,45 +201,27 @@ def compare(slots: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     return _report(first.sort_values(["step", "rank", "unit"]).reset_index(drop=True))
 
 
-def _split_groups(slots: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the groups (unit set, step, micro-step, unit) whose ranks do not all hold
+def _split_groups(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs of the groups (unit set, step, micro-step, unit) whose ranks do not all hold
     the same ``reduced`` and ``received`` lists: only those can be reported (a finding needs a
     rank whose ``reduced`` differs from its group's majority, and it began where ``received``
-    differs from the reference rank's). Rows of ranks without a unit set are dropped, as the
-    join with ``unit_sets`` drops them.
+    differs from the reference rank's).
 
     Whole groups are kept, so the majority and reference of each are what they were; the groups
-    where every rank agrees (nearly all of them) skip the join and the per-row comparison, which
-    held ~14 times the summary's memory at its peak (264 MiB for 18.8 MiB at 1,024 ranks x 48
-    units). Worked on integer codes, one array at a time.
+    where every rank agrees (nearly all of them) are never spelled out rank by rank. Worked on
+    integer codes, one array at a time.
     """
-    which = pd.Index(unit_sets["rank"].astype("int64")).get_indexer(
-        slots["rank"].to_numpy(dtype=np.int64))
-    known = which >= 0
-    unit_set = pd.factorize(unit_sets["unit_set"])[0]
-    columns = [unit_set[which[known]], slots["step"].to_numpy()[known],
-               slots["micro_step"].to_numpy()[known], _codes(slots["unit"])[known]]
-    del which
-    ids, distinct = pd.factorize(fold([[c] for c in columns])[0])
-    del columns
+    ids, distinct = pd.factorize(fold([[rank_runs.value_codes(runs[c])] for c in
+                                       ("unit_set", "step", "micro_step", "unit")])[0])
     split = np.zeros(len(distinct), dtype=bool)
     for value in ("reduced", "received"):
-        codes = _codes(slots[value])[known]
+        codes = rank_runs.value_codes(runs[value])
         low = np.full(len(split), np.iinfo(np.int64).max)
         high = np.full(len(split), -1)
         np.minimum.at(low, ids, codes)
         np.maximum.at(high, ids, codes)
         split |= low != high
-    keep = np.zeros(len(slots), dtype=bool)
-    keep[known] = split[ids]
-    return slots[keep]
-
-
-def _codes(values: pd.Series) -> np.ndarray:
-    """Equal values, equal integers (a categorical's codes; -1 for a null)."""
-    if isinstance(values.dtype, pd.CategoricalDtype):
-        return values.cat.codes.to_numpy(dtype=np.int64)
-    return pd.factorize(values, use_na_sentinel=True)[0].astype(np.int64)
+    return runs[split[ids]]
 
 
 def _report(rows: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,99 @@
+"""Rows held once per run of ranks, not once per rank: what the map step keeps for the reduce.
+
+An across-ranks check compares, slot by slot (a step, micro-step and unit), a value each rank
+holds, and neighbouring ranks nearly always hold the same one. A row per rank and slot made
+the map step's summaries, and the reduce's temporaries, grow with ranks x slots: check 10 alone
+kept 188 MiB at 10,240 ranks x 48 units x 24 micro-steps, and its comparison allocated several
+times that, linear in the steps recorded. ``code`` keeps one row per run: consecutive ranks of
+one unit set holding the same values in a slot, with the run's first and last rank and its
+length. ``expand`` gives a row per rank back for the few slots a check must spell out.
+
+Lossless: ``expand(code(rows))`` holds ``rows``' rows (whose ranks have a unit set) provided
+every rank of a run's unit set between its first and last rank was in the coded rows' batch.
+The map step's batches are contiguous ranges of the run's ranks (``analysis.map_step``), so it
+is; ``expand`` checks each run's length against the ranks it finds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fsdptrace.checks.kernel.columns import fold
+
+RUN_COLUMNS = ["first_rank", "last_rank", "num_ranks"]
+_RUN_DTYPES = {"first_rank": "int32", "last_rank": "int32", "num_ranks": "int32"}
+
+
+def code(rows: pd.DataFrame, unit_sets: pd.DataFrame, keys: list[str], values: list[str]
+         ) -> pd.DataFrame:
+    """``rows`` (a ``rank`` column, at most one row per rank and ``keys``) as runs of ranks:
+    ``unit_set``, ``keys``, ``values`` and ``RUN_COLUMNS``. A run breaks where the values
+    change or a rank of the unit set has no row. Rows of ranks without a unit set (no units
+    recorded) are dropped: no rank is compared with them."""
+    columns = ["unit_set", *keys, *values]
+    sets = _sorted_sets(unit_sets)
+    which = pd.Index(sets["rank"]).get_indexer(rows["rank"].to_numpy(dtype=np.int64))
+    known = which >= 0
+    rows, which = rows[known], which[known]
+    if not len(rows):
+        return pd.DataFrame({**{c: rows[c] for c in [*keys, *values]},
+                             "unit_set": sets["unit_set"].iloc[:0]})[columns].assign(
+            **{c: pd.Series(dtype=d) for c, d in _RUN_DTYPES.items()})
+    rows = rows.assign(unit_set=sets["unit_set"].to_numpy()[which])
+    # A rank's place among its unit set's ranks: a run's ranks are consecutive places.
+    place = sets.groupby("unit_set", sort=False).cumcount().to_numpy()[which]
+    slot = fold([[value_codes(rows[c])] for c in ["unit_set", *keys]])[0]
+    order = np.lexsort([place, slot])
+    slot, place = slot[order], place[order]
+    held = fold([[value_codes(rows[c])[order]] for c in values])[0] if values else slot
+    new_run = np.r_[True, (slot[1:] != slot[:-1]) | (held[1:] != held[:-1])
+                    | (place[1:] != place[:-1] + 1)]
+    starts = np.flatnonzero(new_run)
+    ends = np.r_[starts[1:], len(order)] - 1
+    ranks = rows["rank"].to_numpy(dtype=np.int64)[order]
+    out = rows[columns].iloc[order[starts]].reset_index(drop=True)
+    return out.assign(first_rank=ranks[starts], last_rank=ranks[ends],
+                      num_ranks=ends - starts + 1).astype(_RUN_DTYPES)
+
+
+def expand(runs: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
+    """A row per rank of each run (``rank`` first, ``RUN_COLUMNS`` dropped), in the order of
+    ``runs``; ``unit_sets`` names every rank's unit set, as in the runs' batches."""
+    plain = runs.drop(columns=RUN_COLUMNS)
+    if not len(runs):
+        return plain.assign(rank=pd.Series(dtype="int64"))[["rank", *plain.columns]]
+    sets = _sorted_sets(unit_sets)
+    set_code, uniques = pd.factorize(sets["unit_set"], sort=False)
+    rank = sets["rank"].to_numpy(dtype=np.int64)
+    low, span = int(rank.min()), int(rank.max() - rank.min()) + 1
+    key = set_code.astype(np.int64) * span + (rank - low)  # sorted: sets are
+    of_run = pd.Index(uniques).get_indexer(runs["unit_set"]).astype(np.int64)
+    first = of_run * span + (runs["first_rank"].to_numpy(dtype=np.int64) - low)
+    last = of_run * span + (runs["last_rank"].to_numpy(dtype=np.int64) - low)
+    begin = np.searchsorted(key, first, side="left")
+    counts = np.searchsorted(key, last, side="right") - begin
+    if (of_run < 0).any() or (counts != runs["num_ranks"].to_numpy()).any():
+        raise ValueError("runs of ranks do not match the unit sets they were coded against "
+                         "(a batch that was not a contiguous range of ranks)")
+    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    picked = rank[np.repeat(begin, counts) + offsets]
+    out = plain.iloc[np.repeat(np.arange(len(runs)), counts)].reset_index(drop=True)
+    out.insert(0, "rank", picked)
+    return out
+
+
+def _sorted_sets(unit_sets: pd.DataFrame) -> pd.DataFrame:
+    """``unit_sets`` (``order.unit_sets``) with int64 ranks, sorted by unit set, then rank."""
+    sets = unit_sets.assign(rank=unit_sets["rank"].astype("int64"))
+    return sets.sort_values(["unit_set", "rank"], kind="stable").reset_index(drop=True)
+
+
+def value_codes(values: pd.Series) -> np.ndarray:
+    """Equal values, equal integers (a categorical's codes, -1 for a null; signed integers
+    and booleans as they are; factorized otherwise): comparable within one column only."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        return values.cat.codes.to_numpy(dtype=np.int64)
+    if values.dtype.kind in "ib":
+        return values.to_numpy(dtype=np.int64)
+    return pd.factorize(values, use_na_sentinel=True)[0].astype(np.int64)
