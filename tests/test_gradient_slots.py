@@ -1,8 +1,8 @@
 """Check 10's summary finds distinct keys and each slot's first row without sorting every row
 (``_distinct``, ``_first_rows``): held to ``np.unique`` on random slots, through both ways each
 takes (the bitmap and the sort; slots numbered as pandas' ``ngroup(sort=False)`` does, or not).
-Its comparison keeps only the groups where ranks disagree (``_split_groups``, on runs of
-ranks): held to a pandas group-by, with narrow keys and keys too wide to multiply into one
+Its comparison keeps only the groups where ranks disagree (``rank_runs.disagreeing``, on runs
+of ranks): held to a pandas group-by, with narrow keys and keys too wide to multiply into one
 int64.
 """
 
@@ -60,7 +60,8 @@ def test_split_groups_are_the_groups_whose_ranks_disagree(
         ["reduced", "received"]].transform("nunique")
     expected = merged.loc[lists.max(axis=1) > 1, ["rank", "step", "micro_step", "unit"]]
     runs = rank_runs.code(slots, unit_sets, check10.SLOT[1:], check10._VALUES)
-    split = rank_runs.expand(check10._split_groups(runs), unit_sets)
+    split = rank_runs.expand(rank_runs.disagreeing(runs, check10.SLOT[1:], ["reduced", "received"]),
+                             unit_sets)
     assert _sorted(split[["rank", "step", "micro_step", "unit"]]) == _sorted(expected)
 
 

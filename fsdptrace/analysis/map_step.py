@@ -26,7 +26,8 @@ from fsdptrace.checks import (
     stalled_rank,
 )
 from fsdptrace.checks.contract import Kept
-from fsdptrace.checks.kernel.order import unit_sets
+from fsdptrace.checks.kernel import rank_runs
+from fsdptrace.checks.kernel.order import GROUP, unit_sets
 from fsdptrace.checks.kernel.tables import RankTables
 from fsdptrace.reading import chunk_gaps, endings, incomplete, reader
 from fsdptrace.reading.trace import TABLE_NAMES, check_meta, to_frame
@@ -62,11 +63,13 @@ class RankSummary(Kept):
 def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) -> RankSummary:
     """``map_trace`` on code columns (a run dir's rank is read straight from Arrow)."""
     across = selected(with_causes(names), ACROSS_RANKS)
+    sets = unit_sets(tables.frame("units"))
     return RankSummary(
         findings=per_rank_findings(tables, names),
-        signatures=tables.signatures,  # shared with check 7
+        # Shared with check 7, kept as runs of ranks for check 4.
+        signatures=rank_runs.code(tables.signatures, sets, GROUP[1:], ["signature", "length"]),
         config_signatures=prefetch_config_divergence.config_signatures(tables),
-        unit_sets=unit_sets(tables.frame("units")),
+        unit_sets=sets,
         last=tables.stops,
         ends=endings.ending_markers(tables.frame("markers")),
         meta=tables.frame("meta"),

@@ -27,7 +27,7 @@ class Kept:
     """What the map step keeps of ranks for the across-ranks checks: of one batch of ranks in
     the map step's ``RankSummary``, of every rank, concatenated, in ``Merged``."""
 
-    signatures: pd.DataFrame
+    signatures: pd.DataFrame  # order signatures as runs of ranks (``kernel.rank_runs``)
     config_signatures: pd.DataFrame
     unit_sets: pd.DataFrame
     last: pd.DataFrame

@@ -17,7 +17,7 @@ import pandas as pd
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
 from fsdptrace.checks.kernel import rank_runs
-from fsdptrace.checks.kernel.columns import empty_frame, fold
+from fsdptrace.checks.kernel.columns import empty_frame
 from fsdptrace.checks.kernel.majority import against_majority, compared_with
 from fsdptrace.checks.kernel.order import unit_sets as unit_sets_of
 from fsdptrace.checks.kernel.settings import value_at
@@ -174,7 +174,9 @@ def compare(runs: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     if not len(runs) or not len(unit_sets):
         return findings.empty()
     group = ["unit_set", "step", "micro_step", "unit"]
-    runs = _split_groups(runs)
+    # Only a rank whose ``reduced`` differs from its group's majority is reported, and it
+    # began where ``received`` differs from the reference rank's.
+    runs = rank_runs.disagreeing(runs, SLOT[1:], ["reduced", "received"])
     if not len(runs):
         return findings.empty()
     slots = rank_runs.expand(runs, unit_sets)
@@ -199,29 +201,6 @@ def compare(runs: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     # As text: a categorical sorts by code, and codes follow the order batches were read in.
     first = first.astype({"unit": object, "reduced": object, "reference": object})
     return _report(first.sort_values(["step", "rank", "unit"]).reset_index(drop=True))
-
-
-def _split_groups(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs of the groups (unit set, step, micro-step, unit) whose ranks do not all hold
-    the same ``reduced`` and ``received`` lists: only those can be reported (a finding needs a
-    rank whose ``reduced`` differs from its group's majority, and it began where ``received``
-    differs from the reference rank's).
-
-    Whole groups are kept, so the majority and reference of each are what they were; the groups
-    where every rank agrees (nearly all of them) are never spelled out rank by rank. Worked on
-    integer codes, one array at a time.
-    """
-    ids, distinct = pd.factorize(fold([[rank_runs.value_codes(runs[c])] for c in
-                                       ("unit_set", "step", "micro_step", "unit")])[0])
-    split = np.zeros(len(distinct), dtype=bool)
-    for value in ("reduced", "received"):
-        codes = rank_runs.value_codes(runs[value])
-        low = np.full(len(split), np.iinfo(np.int64).max)
-        high = np.full(len(split), -1)
-        np.minimum.at(low, ids, codes)
-        np.maximum.at(high, ids, codes)
-        split |= low != high
-    return runs[split[ids]]
 
 
 def _report(rows: pd.DataFrame) -> pd.DataFrame:

@@ -11,6 +11,7 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
+from fsdptrace.checks.kernel import rank_runs
 from fsdptrace.checks.kernel.majority import against_majority, compared_with
 from fsdptrace.checks.kernel.order import GROUP, first_difference
 from fsdptrace.reading import keys
@@ -22,12 +23,16 @@ _REFERENCE = ["reference_rank", "num_agree", "num_ranks", "tied", "reference_ran
 
 
 def divergent(signatures: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
-    """Minority (rank, step, micro_step, phase) orders with their group's reference rank."""
+    """Minority (rank, step, micro_step, phase) orders with their group's reference rank.
+
+    ``signatures``: every rank's order signatures as runs of ranks (the map step's
+    ``rank_runs.code``); only the groups whose ranks do not all agree are spelled out.
+    """
     if not len(signatures):
         return pd.DataFrame(columns=GROUP + _REFERENCE)
-    sigs = signatures.assign(rank=signatures["rank"].astype("int64"),
-                             phase=signatures["phase"].astype(str))
-    sigs = sigs.merge(unit_sets.assign(rank=unit_sets["rank"].astype("int64")), on="rank")
+    sigs = rank_runs.expand(rank_runs.disagreeing(signatures, GROUP[1:], ["signature"]),
+                            unit_sets)
+    sigs = sigs.assign(phase=sigs["phase"].astype(str))
     return against_majority(sigs, _SLOT, "signature")
 
 

@@ -83,6 +83,26 @@ def expand(runs: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def disagreeing(runs: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFrame:
+    """The runs of the groups (``unit_set`` and ``keys``) whose ranks do not all hold the same
+    value in one of ``values``: the only groups where a rank can differ from the majority.
+
+    Whole groups are kept, so a group's majority and reference rank stay what they were; the
+    groups where every rank agrees (nearly all of them) are never spelled out rank by rank.
+    Worked on integer codes, one array at a time.
+    """
+    ids, distinct = pd.factorize(fold([[value_codes(runs[c])] for c in ["unit_set", *keys]])[0])
+    split = np.zeros(len(distinct), dtype=bool)
+    for value in values:
+        codes = value_codes(runs[value])
+        low = np.full(len(split), np.iinfo(np.int64).max)
+        high = np.full(len(split), np.iinfo(np.int64).min)
+        np.minimum.at(low, ids, codes)
+        np.maximum.at(high, ids, codes)
+        split |= low != high
+    return runs[split[ids]]
+
+
 def _sorted_sets(unit_sets: pd.DataFrame) -> pd.DataFrame:
     """``unit_sets`` (``order.unit_sets``) with int64 ranks, sorted by unit set, then rank."""
     sets = unit_sets.assign(rank=unit_sets["rank"].astype("int64"))
