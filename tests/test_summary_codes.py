@@ -1,4 +1,5 @@
-"""What the map step keeps for checks 10 and 12 stays category codes through the reduce.
+"""What the map step keeps for checks 10 and 12 (runs of ranks) stays category codes through
+the reduce.
 
 Each batch of ranks numbers its own categories (unit names, parameter lists, setting values);
 the reduce must join them into one vocabulary, not fall back to a Python string per row, and
@@ -57,7 +58,7 @@ def test_one_rank_per_batch_finds_the_same(recordings: Recordings, scenario: str
         assert len(joined)
         for column in columns:
             assert isinstance(joined[column].dtype, pd.CategoricalDtype), (check, column)
-        ranks = ("first_rank", "last_rank") if check == "gradient-divergence" else ("rank",)
-        assert {str(joined[c].dtype) for c in (*ranks, "step", "micro_step")} == {"int32"}
+        assert {str(joined[c].dtype) for c in ("first_rank", "last_rank", "num_ranks", "step",
+                                               "micro_step")} == {"int32"}
     pd.testing.assert_frame_equal(fsdptrace.analyze(run_dir).findings, whole)
     pd.testing.assert_frame_equal(fsdptrace.analyze(fsdptrace.load(run_dir)).findings, whole)

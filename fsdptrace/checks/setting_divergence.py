@@ -17,8 +17,10 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
+from fsdptrace.checks.kernel import rank_runs
 from fsdptrace.checks.kernel.columns import empty_frame, fold
 from fsdptrace.checks.kernel.majority import against_majority, compared_with
+from fsdptrace.checks.kernel.order import unit_sets as unit_sets_of
 from fsdptrace.checks.kernel.stops import cut_off_passes
 from fsdptrace.reading import incomplete
 from fsdptrace.reading.keys import step_key
@@ -44,7 +46,8 @@ def summarize(tables: RankTables) -> pd.DataFrame:
     """The rank's settings rows (the last of each micro-step) and the points where its values
     can be compared (null ``setting``): a micro-step whose backward it completed (null
     ``unit``: every unit's backward), and in the pass it stopped in, each unit whose
-    post-backward it recorded (the settings are read there)."""
+    post-backward it recorded (the settings are read there). Kept as runs of ranks
+    (``rank_runs``): every rank completes the same micro-steps and holds the same values."""
     if not tables.sizes["settings"]:
         return _empty()
     raw = tables.frame("settings")
@@ -56,12 +59,13 @@ def summarize(tables: RankTables) -> pd.DataFrame:
     # what the micro-step's collectives used.
     rows = rows.drop_duplicates(["rank", "step", "micro_step", "unit", "setting"], keep="last")
     points = [_completed_micro_steps(tables).assign(unit=None), _stopped_backwards(tables)]
-    return pd.concat([rows, *(p.assign(setting=None, value=None) for p in points)],
-                     ignore_index=True)[_SUMMARY].astype(_DTYPES)
+    summary = pd.concat([rows, *(p.assign(setting=None, value=None) for p in points)],
+                        ignore_index=True)[_SUMMARY].astype(_DTYPES)
+    return rank_runs.code(summary, unit_sets_of(tables.frame("units")), _SLOT, ["value"])
 
 
 def _empty() -> pd.DataFrame:
-    return empty_frame(_DTYPES)
+    return rank_runs.code(empty_frame(_DTYPES), unit_sets_of(pd.DataFrame()), _SLOT, ["value"])
 
 
 def _completed_micro_steps(tables: RankTables) -> pd.DataFrame:
@@ -118,14 +122,15 @@ def in_effect(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def compare(summary: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
-    """``summary``: every rank's ``summarize``; ``unit_sets``: ``order.unit_sets``.
+    """``summary``: every rank's ``summarize`` (runs of ranks); ``unit_sets``:
+    ``order.unit_sets``.
 
     Names and values stay category codes (one vocabulary: ``analysis.concat``) through the
     comparison; only the rows reported become text.
     """
     if not len(summary) or not len(unit_sets):
         return findings.empty()
-    values = in_effect(_with_several_values(summary))
+    values = in_effect(rank_runs.expand(_with_several_values(summary), unit_sets))
     if not len(values):
         return findings.empty()
     group = ["unit_set", *_SLOT]
