@@ -1,8 +1,9 @@
 """Runs of ranks (``checks.kernel.rank_runs``) are lossless: ``expand(code(rows))`` gives back
 every row whose rank has a unit set, held to the rows themselves on random slots, values,
-unit sets (interleaved stages too) and ranks missing rows; a run never spans a rank that
-lacks the slot or holds another value, and a batch that was not a contiguous range of ranks
-is refused, not silently expanded."""
+unit sets (interleaved stages too) and ranks missing rows; runs coded batch by batch and
+joined (``join``) are the runs of the whole; a run never spans a rank that lacks the slot or
+holds another value, and a batch that was not a contiguous range of ranks is refused, not
+silently expanded."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fsdptrace.analysis.concat import concat_coded
 from fsdptrace.checks.kernel import rank_runs
 
 KEYS = ["step", "unit"]
@@ -45,6 +47,31 @@ def test_expanding_the_runs_gives_the_rows_back(cells: list[tuple], sets: list[i
     assert _as_tuples(back) == _as_tuples(rows[rows["rank"] < 9])
     assert (back.merge(unit_sets, on="rank", suffixes=("", "_of_rank"))
             .eval("unit_set == unit_set_of_rank").all())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2), st.sampled_from("ab"),
+                          st.sampled_from(["x", "y", None]), st.booleans()),
+                max_size=80),
+       st.lists(st.integers(0, 2), min_size=9, max_size=9),
+       st.sets(st.integers(1, 9)))
+def test_runs_of_batches_joined_are_the_runs_of_the_whole(cells: list[tuple], sets: list[int],
+                                                           cuts: set[int]) -> None:
+    rows = _rows(cells)
+    unit_sets = pd.DataFrame({"rank": range(9), "unit_set": sets})
+    bounds = [0, *sorted(cuts), 10]
+    batches = [rank_runs.code(rows[rows["rank"].between(a, b - 1)],
+                              unit_sets[unit_sets["rank"].between(a, b - 1)], KEYS, VALUES)
+               for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    joined = rank_runs.join(concat_coded(batches), unit_sets)
+    whole = rank_runs.code(rows, unit_sets, KEYS, VALUES)
+    assert _as_runs(joined) == _as_runs(whole)
+    assert _as_tuples(rank_runs.expand(joined, unit_sets)) == _as_tuples(rows[rows["rank"] < 9])
+
+
+def _as_runs(runs: pd.DataFrame) -> list[tuple]:
+    plain = runs.astype({"unit": str, "value": object})
+    return sorted(plain.itertuples(index=False, name=None), key=repr)
 
 
 def test_one_run_per_slot_where_every_rank_agrees() -> None:

@@ -51,7 +51,9 @@ def test_one_rank_per_batch_finds_the_same(recordings: Recordings, scenario: str
     assert len(whole)
     monkeypatch.setattr(map_step, "BATCH_RANKS", 1)
     names = resolve(None)
-    summaries = map_step.map_ranks(run_dir, reader.discover_ranks(run_dir), names)
+    ranks = reader.discover_ranks(run_dir)
+    assert len(map_step.map_ranks(run_dir, ranks, names)) == 1  # a piece's batches combined
+    summaries = [s for rank in ranks for s in map_step.map_ranks(run_dir, [rank], names)]
     assert len(summaries) == 2
     for check, columns in CODED.items():
         joined = concat_coded([s.summaries[check] for s in summaries])

@@ -1,4 +1,4 @@
-"""The map step of ``fsdptrace.analyze``: one batch of ranks in, a small ``RankSummary`` out.
+"""The map step of ``fsdptrace.analyze``: a piece of ranks in, a small ``RankSummary`` out.
 
 Each rank is read with pyarrow into code columns (``checks.tables.RankTables``, no pandas copy
 of the events), the per-rank checks run, and only what the reduce step compares is kept (order
@@ -10,13 +10,14 @@ the reduce step that gathers the summaries (``fsdptrace.analysis.run``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 
+from fsdptrace.analysis.concat import concat_coded
 from fsdptrace.checks import (
     ACROSS_RANKS,
     REGISTRY,
@@ -25,7 +26,7 @@ from fsdptrace.checks import (
     selected,
     stalled_rank,
 )
-from fsdptrace.checks.contract import Kept
+from fsdptrace.checks.contract import KEPT_FRAMES, Kept
 from fsdptrace.checks.kernel import rank_runs
 from fsdptrace.checks.kernel.order import GROUP, unit_sets
 from fsdptrace.checks.kernel.tables import RankTables
@@ -93,7 +94,7 @@ def map_ranks(run_dir: Path, ranks: list[int], names: list[str], *,
 
     The checks run once per batch of ranks (``read_batches``) on its code columns (no pandas
     copy of the events): a check's fixed cost is milliseconds of pandas whatever its rows,
-    and a 10,000-rank run would pay it per rank. One summary per batch.
+    and a 10,000-rank run would pay it per rank. One summary for the piece (``combine``).
     """
     highest = reader.highest_meta_rank(run_dir) if highest_rank is None else highest_rank
     summaries: list[RankSummary] = []
@@ -102,7 +103,42 @@ def map_ranks(run_dir: Path, ranks: list[int], names: list[str], *,
         skipped = chunk_gaps.noted()[skipped_before:]
         summaries.append(replace(_map_batch(run_dir, batch, names), skipped=skipped))
         skipped_before += len(skipped)
-    return summaries
+    return [combine(summaries)] if len(summaries) > 1 else summaries
+
+
+def combine(summaries: list[RankSummary]) -> RankSummary:
+    """The summaries of a piece's batches (contiguous ranges of ranks, in order) as one, runs
+    of ranks joined across the batches: a long history makes small batches (1M rows is a few
+    ranks at hundreds of steps), and a run per batch and slot would grow with the steps."""
+    unit_sets = concat_field(summaries, "unit_sets")
+    return RankSummary(**{name: concat_field(summaries, name, unit_sets)
+                          for name in (*KEPT_FRAMES, "findings", "incomplete")},
+                       ranks=[r for s in summaries for r in s.ranks],
+                       summaries=concat_summaries(summaries, unit_sets),
+                       skipped=[c for s in summaries for c in s.skipped])
+
+
+def concat_field(summaries: Sequence[Kept], name: str, unit_sets: pd.DataFrame | None = None
+                 ) -> pd.DataFrame:
+    """One frame of every summary, in order; runs of ranks (``rank_runs``) joined over
+    ``unit_sets``, which must name every rank between the summaries'."""
+    frames = [getattr(s, name) for s in summaries]
+    non_empty = [f for f in frames if len(f)]
+    if not non_empty:
+        return frames[0] if frames else pd.DataFrame()
+    joined = pd.concat(non_empty, ignore_index=True)
+    if unit_sets is not None and rank_runs.is_runs(joined):
+        return rank_runs.join(joined, unit_sets)
+    return joined
+
+
+def concat_summaries(summaries: Sequence[Kept], unit_sets: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Each across-ranks check's summaries joined (``concat_coded``), runs of ranks too."""
+    names = {name for s in summaries for name in s.summaries}
+    joined = {name: concat_coded([s.summaries[name] for s in summaries if name in s.summaries])
+              for name in names}
+    return {name: rank_runs.join(frame, unit_sets) if rank_runs.is_runs(frame) else frame
+            for name, frame in joined.items()}
 
 
 def read_batches(run_dir: Path, ranks: list[int], tables: Iterable[str], *,

@@ -20,9 +20,10 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from fsdptrace.analysis.concat import concat_coded
 from fsdptrace.analysis.map_step import (
     RankSummary,
+    concat_field,
+    concat_summaries,
     is_small,
     map_ranks,
     map_tables,
@@ -55,9 +56,10 @@ def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
                      fetch_orders: Callable[[list[int], pd.DataFrame], pd.DataFrame],
                      fetch_prefetch: Callable[[list[int]], pd.DataFrame]) -> pd.DataFrame:
     """The reduce step: the across-ranks checks, merged with the per-rank findings."""
-    merged = Merged(**{name: _concat_field(summaries, name) for name in KEPT_FRAMES},
+    unit_sets = concat_field(summaries, "unit_sets")
+    merged = Merged(**{name: concat_field(summaries, name, unit_sets) for name in KEPT_FRAMES},
                     ranks=sorted({r for s in summaries for r in s.ranks}),
-                    summaries=_concat_summaries(summaries),
+                    summaries=concat_summaries(summaries, unit_sets),
                     fetch_orders=fetch_orders, fetch_prefetch=fetch_prefetch)
     found = {check.name: check.run_across_ranks(merged)
              for check in selected(with_causes(names) - {STALLED_RANK}, ACROSS_RANKS)}
@@ -66,22 +68,8 @@ def reduce_summaries(summaries: list[RankSummary], names: Iterable[str],
                   and c.name in found]
         found[STALLED_RANK] = stalled_rank.check(replace(
             merged, divergences=findings.combine(causes)))
-    return findings.combine([_concat_field(summaries, "findings")]
+    return findings.combine([concat_field(summaries, "findings")]
                             + [found[c.name] for c in selected(set(names), ACROSS_RANKS)])
-
-
-def _concat_field(summaries: list[RankSummary], name: str) -> pd.DataFrame:
-    frames = [getattr(s, name) for s in summaries]
-    non_empty = [f for f in frames if len(f)]
-    if not non_empty:
-        return frames[0] if frames else pd.DataFrame()
-    return pd.concat(non_empty, ignore_index=True)
-
-
-def _concat_summaries(summaries: list[RankSummary]) -> dict[str, pd.DataFrame]:
-    names = {name for s in summaries for name in s.summaries}
-    return {name: concat_coded([s.summaries[name] for s in summaries if name in s.summaries])
-            for name in names}
 
 
 def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None = None, *,
@@ -137,12 +125,12 @@ def _result(found: pd.DataFrame, summaries: list[RankSummary], names: list[str],
             run_dir: Path | None, source: Trace | None = None) -> Analysis:
     """The ``Analysis`` of a reduced run: findings plus what the map step learned on the way."""
     ranks = sorted({r for s in summaries for r in s.ranks})
-    meta = _concat_field(summaries, "meta")
+    meta = concat_field(summaries, "meta")
     world_size = (int(meta["world_size"].max()) if len(meta) and "world_size" in meta
                   else len(ranks))
-    lost = _concat_field(summaries, "incomplete")
+    lost = concat_field(summaries, "incomplete")
     return Analysis(findings=found, run_dir=run_dir, ranks=tuple(ranks), world_size=world_size,
-                    endings=endings.rank_endings(_concat_field(summaries, "ends"), ranks),
+                    endings=endings.rank_endings(concat_field(summaries, "ends"), ranks),
                     incomplete=_rank_by_rank(lost) if len(lost) else incomplete.empty(),
                     checks=tuple(names), source=source)
 
@@ -156,7 +144,7 @@ def _rank_by_rank(lost: pd.DataFrame) -> pd.DataFrame:
 def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
                    ) -> pd.DataFrame:
     """The reduce step for a run dir, re-reading only the tables of the ranks it must."""
-    check_meta(_concat_field(summaries, "meta"), run_dir)
+    check_meta(concat_field(summaries, "meta"), run_dir)
 
     def fetch_orders(needed: list[int], wanted: pd.DataFrame) -> pd.DataFrame:
         return orders_by_batch(run_dir, needed, wanted)

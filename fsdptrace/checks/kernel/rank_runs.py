@@ -63,11 +63,7 @@ def expand(runs: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     plain = runs.drop(columns=RUN_COLUMNS)
     if not len(runs):
         return plain.assign(rank=pd.Series(dtype="int64"))[["rank", *plain.columns]]
-    sets = _sorted_sets(unit_sets)
-    set_code, uniques = pd.factorize(sets["unit_set"], sort=False)
-    rank = sets["rank"].to_numpy(dtype=np.int64)
-    low, span = int(rank.min()), int(rank.max() - rank.min()) + 1
-    key = set_code.astype(np.int64) * span + (rank - low)  # sorted: sets are
+    rank, key, uniques, low, span = _rank_keys(unit_sets)
     of_run = pd.Index(uniques).get_indexer(runs["unit_set"]).astype(np.int64)
     first = of_run * span + (runs["first_rank"].to_numpy(dtype=np.int64) - low)
     last = of_run * span + (runs["last_rank"].to_numpy(dtype=np.int64) - low)
@@ -81,6 +77,37 @@ def expand(runs: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
     out = plain.iloc[np.repeat(np.arange(len(runs)), counts)].reset_index(drop=True)
     out.insert(0, "rank", picked)
     return out
+
+
+def join(runs: pd.DataFrame, unit_sets: pd.DataFrame) -> pd.DataFrame:
+    """Runs coded batch by batch (concatenated, categories shared) as the fewest runs: two runs
+    holding the same row join when no rank of their unit set lies between them in
+    ``unit_sets``, which must name every rank between the batches' (contiguous ranges of
+    ranks, as a piece of the map step's is, and the whole run at the reduce). A slot where
+    every rank agrees is then one row, however many batches the ranks were read in."""
+    if len(runs) < 2:
+        return runs
+    rank, key, uniques, low, span = _rank_keys(unit_sets)
+    of_run = pd.Index(uniques).get_indexer(runs["unit_set"]).astype(np.int64)
+    if (of_run < 0).any():
+        raise ValueError("runs of ranks of a unit set the unit sets do not name")
+    first = np.searchsorted(key, of_run * span + (runs["first_rank"].to_numpy(np.int64) - low))
+    last = np.searchsorted(key, of_run * span + (runs["last_rank"].to_numpy(np.int64) - low))
+    held = fold([[value_codes(runs[c])] for c in runs.columns if c not in RUN_COLUMNS])[0]
+    order = np.lexsort([first, held])
+    held, first, last = held[order], first[order], last[order]
+    starts = np.flatnonzero(np.r_[True, (held[1:] != held[:-1]) | (first[1:] != last[:-1] + 1)])
+    ends = np.r_[starts[1:], len(order)] - 1
+    out = runs.iloc[order[starts]].reset_index(drop=True)
+    return out.assign(first_rank=runs["first_rank"].to_numpy()[order[starts]],
+                      last_rank=runs["last_rank"].to_numpy()[order[ends]],
+                      num_ranks=np.add.reduceat(runs["num_ranks"].to_numpy()[order],
+                                                starts)).astype(_RUN_DTYPES)
+
+
+def is_runs(frame: pd.DataFrame) -> bool:
+    """Whether ``frame`` holds runs of ranks (``code``'s output)."""
+    return all(c in frame.columns for c in RUN_COLUMNS)
 
 
 def disagreeing(runs: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFrame:
@@ -101,6 +128,18 @@ def disagreeing(runs: pd.DataFrame, keys: list[str], values: list[str]) -> pd.Da
         np.maximum.at(high, ids, codes)
         split |= low != high
     return runs[split[ids]]
+
+
+def _rank_keys(unit_sets: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, pd.Index, int, int]:
+    """The ranks of ``unit_sets`` sorted by unit set, then rank; a sorted int64 key for each
+    (unit set's number x ``span`` + rank - ``low``), the unit sets in number order, ``low``
+    and ``span``: where a (unit set, rank) pair lies is one ``searchsorted``."""
+    sets = _sorted_sets(unit_sets)
+    set_code, uniques = pd.factorize(sets["unit_set"], sort=False)
+    rank = sets["rank"].to_numpy(dtype=np.int64)
+    low = int(rank.min()) if len(rank) else 0
+    span = int(rank.max()) - low + 1 if len(rank) else 1
+    return rank, set_code.astype(np.int64) * span + (rank - low), pd.Index(uniques), low, span
 
 
 def _sorted_sets(unit_sets: pd.DataFrame) -> pd.DataFrame:
