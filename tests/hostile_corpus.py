@@ -13,6 +13,7 @@ limit and an alarm, and reports what each command did and the child's peak memor
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -663,6 +664,18 @@ def run_commands(run: Path, scratch: Path) -> list[Outcome]:
     return outcomes
 
 
+@functools.cache
+def _warm_up() -> None:
+    """Every command once on the pristine sample, in this process, before the first fork.
+
+    What the commands import lazily (pandas, the analyzer, the renderers: ~440 modules) and
+    the caches they fill are then inherited by every case's child instead of being built again
+    in each (measured: 1.55 -> 1.40 CPU-s a case, 30 cases on the 2-core box).
+    """
+    with tempfile.TemporaryDirectory() as scratch:
+        run_commands(SAMPLES / BASE, Path(scratch))
+
+
 def run_isolated(run: Path, *, memory_bytes: int, timeout_s: int) -> tuple[list[Outcome], int]:
     """``run_commands`` in a forked child under an address-space limit and an alarm.
 
@@ -672,6 +685,7 @@ def run_isolated(run: Path, *, memory_bytes: int, timeout_s: int) -> tuple[list[
     did not take. A child that dies (memory, time, a signal) is reported as one outcome with
     exit code -1.
     """
+    _warm_up()
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "outcomes.json"
         started = Path(scratch) / "resident"

@@ -32,7 +32,7 @@ def _as_tuples(frame: pd.DataFrame) -> list[tuple]:
     return sorted(plain.itertuples(index=False, name=None), key=repr)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2), st.sampled_from("ab"),
                           st.sampled_from(["x", "y", None]), st.booleans()),
                 max_size=80),
@@ -49,7 +49,7 @@ def test_expanding_the_runs_gives_the_rows_back(cells: list[tuple], sets: list[i
             .eval("unit_set == unit_set_of_rank").all())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2), st.sampled_from("ab"),
                           st.sampled_from(["x", "y", None]), st.booleans()),
                 max_size=80),

@@ -52,7 +52,7 @@ row = st.tuples(st.integers(0, 1), st.integers(0, 2), st.integers(0, 1),
                 st.sampled_from([1, 2, 4, 8]))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(row, min_size=1, max_size=40), st.booleans())
 def test_the_replay_on_arrays_is_the_replay_row_by_row(rows: list[tuple], root: bool) -> None:
     frame = pd.DataFrame(rows, columns=["rank", "step", "micro_step", "phase", "unit", "group",
