@@ -78,3 +78,38 @@ def test_the_replay_on_arrays_is_the_replay_row_by_row(rows: list[tuple], root: 
     pd.testing.assert_frame_equal(some[some["excess_bytes"] >= 4].reset_index(drop=True),
                                   got[got["excess_bytes"] >= 4].reset_index(drop=True),
                                   check_dtype=False)  # none: an empty frame of objects
+
+
+def floors_by_definition(rows: pd.DataFrame) -> dict[tuple, int]:
+    """Per pass, the most one unit that ran there needs: the most bytes of its own rows,
+    plus the bytes of the gathers it prefetched (or FSDP2 prefetched for it) there."""
+    floors: dict[tuple, int] = {}
+    for where, frame in rows.groupby(["rank", "step", "micro_step", "phase"], observed=True):
+        need = {}
+        for unit, mine in frame.groupby("unit", observed=True):
+            prefetched = frame[(frame["event"] == "issue")
+                               & frame["issuer_kind"].isin(["prefetch", "implicit"])
+                               & (frame["issuer_unit"] == unit)]
+            need[unit] = int(mine["num_bytes"].max()) + int(prefetched["num_bytes"].sum())
+        floors[(int(where[0]), int(where[1]), int(where[2]), str(where[3]))] = max(need.values())
+    return floors
+
+
+issuer = st.one_of(st.tuples(st.just("own"), st.none()),
+                   st.tuples(st.sampled_from(["prefetch", "implicit", "manual"]),
+                             st.sampled_from([*UNITS, "elsewhere"])))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(row, issuer), min_size=1, max_size=40))
+def test_the_floors_on_arrays_are_the_floors_by_definition(cells: list[tuple]) -> None:
+    frame = pd.DataFrame([(*r, *i) for r, i in cells],
+                         columns=["rank", "step", "micro_step", "phase", "unit", "group", "event",
+                                  "num_bytes", "issuer_kind", "issuer_unit"])
+    for column in ("phase", "unit", "issuer_unit"):
+        frame[column] = frame[column].astype("category")
+    got = unsharded._floors(frame)
+    assert list(got.columns) == ["rank", "step", "micro_step", "phase", "floor"]
+    assert dict(zip(got[["rank", "step", "micro_step", "phase"]].itertuples(index=False,
+                                                                             name=None),
+                    got["floor"].tolist(), strict=True)) == floors_by_definition(frame)
