@@ -8,7 +8,8 @@ first test that asks records it and the others read it.
 Also under ``pytest -n`` (pytest-xdist): the folder is the session's shared temp root, not a
 worker's, and a file lock makes one worker record while the others wait, so a session fixture
 is not recorded once per worker. What a job's ranks printed and returned is kept beside the run
-dir (``ranks.json``), so a test that asserts on the ranks' exit codes still can.
+dir (``NAME.done.json``), so a test that asserts on the ranks' exit codes, or on what a command
+printed, still can.
 
 Tests must only read a shared recording: one that changes a run dir copies it first.
 """
@@ -17,9 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 from filelock import FileLock
@@ -72,8 +76,31 @@ class Recordings:
              ) -> tuple[Path, list[RankResult]]:
         """The run dir ``name`` and its ranks' results, recording it with ``record(run_dir)``
         the first time it is asked for in this session (by any worker)."""
+        kept = self._made_once(name, lambda run_dir: [asdict(r) for r in record(run_dir)])
+        return self.root / name, [RankResult(**r) for r in kept]
+
+    def demo(self) -> tuple[Path, subprocess.CompletedProcess[str]]:
+        """``make demo``'s recording: ``fsdptrace record -- torchrun`` of examples/train_tiny.py
+        on 2 ranks (its planted prefetch bug, one step), fresh interpreters as a newcomer's,
+        and what the command printed and returned. Three test files read the same job."""
+        def record(run_dir: Path) -> dict[str, object]:
+            bin_dir = Path(sys.executable).parent
+            done = subprocess.run(
+                [str(bin_dir / "fsdptrace"), "record", "--run-dir", str(run_dir), "--",
+                 str(bin_dir / "torchrun"), "--nproc-per-node", "2",
+                 str(REPO / "examples" / "train_tiny.py"), "--steps", "1"],
+                cwd=REPO, capture_output=True, text=True, timeout=240,
+                env={**os.environ, "OMP_NUM_THREADS": "1"})
+            return {"args": done.args, "returncode": done.returncode, "stdout": done.stdout,
+                    "stderr": done.stderr}
+
+        return self.root / "demo", subprocess.CompletedProcess(**self._made_once("demo", record))
+
+    def _made_once(self, name: str, make: Callable[[Path], Any]) -> Any:
+        """``make(run_dir)``'s result (kept as JSON beside the run dir), made the first time
+        ``name`` is asked for in this session; every later ask, by any worker, reads it."""
         run_dir = self.root / name
-        done = self.root / f"{name}.ranks.json"
+        done = self.root / f"{name}.done.json"
         failed = self.root / f"{name}.failed"
         with FileLock(str(self.root / f"{name}.lock")):
             if failed.exists():  # recorded once, badly: do not launch again into its folder
@@ -82,12 +109,12 @@ class Recordings:
             if not done.exists():
                 run_dir.mkdir(parents=True, exist_ok=True)
                 try:
-                    results = record(run_dir)
+                    kept = make(run_dir)
                 except BaseException as error:
                     failed.write_text(f"{type(error).__name__}: {error}"[-20000:])
                     raise
-                done.write_text(json.dumps([asdict(r) for r in results]))
-        return run_dir, [RankResult(**r) for r in json.loads(done.read_text())]
+                done.write_text(json.dumps(kept))
+        return json.loads(done.read_text())
 
     def catalogue(self, script: str) -> Path:
         """The folder of ``script``'s catalogue cases (one run dir per case): the whole

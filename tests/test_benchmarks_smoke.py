@@ -10,7 +10,6 @@ what the writer process and a real recording leave.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from fsdptrace.store import fatal_signals, schema
 from fsdptrace.store.journal_format import FIXED_TABLES, JOURNAL_DIR, RANGE_PART_NAME
 from fsdptrace.store.run_mark import RUN_MARK as RUN_MARK_FILE
 from fsdptrace.version import __version__
+from tests.recordings import Recordings
 from tests.synthetic import TINY, generate_run, generate_tiny, where
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,17 +140,12 @@ def test_closed_rank_is_what_the_writer_process_leaves(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_matches_a_real_recording(tiny: tuple[Path, set[tuple]], tmp_path: Path) -> None:
-    """A real 2-rank job recorded with ``fsdptrace record``: the same tables, part names of
-    the same form and segment ranges, the same schemas and footer metadata keys."""
-    recorded = tmp_path / "recorded"
-    bin_dir = Path(sys.executable).parent
-    job = subprocess.run(
-        [sys.executable, "-m", "fsdptrace_cli.main", "record", "--run-dir", str(recorded), "--",
-         str(bin_dir / "torchrun"), "--nproc-per-node", "2",
-         str(ROOT / "examples" / "train_tiny.py"), "--steps", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+def test_matches_a_real_recording(tiny: tuple[Path, set[tuple]], recordings: Recordings
+                                  ) -> None:
+    """A real 2-rank job recorded with ``fsdptrace record`` (``make demo``'s): the same
+    tables, part names of the same form and segment ranges, the same schemas and footer
+    metadata keys."""
+    recorded, job = recordings.demo()
     assert job.returncode in (0, 1), job.stdout + job.stderr
     generated, _ = tiny
 

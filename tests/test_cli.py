@@ -22,6 +22,7 @@ from fsdptrace_cli.main import cli
 
 from fsdptrace.version import __version__
 from tests.jobs import REPO
+from tests.recordings import Recordings
 
 COMMAND_NAMES = sorted(c.name for c in COMMANDS if c.name)
 
@@ -296,8 +297,8 @@ def record_tiny(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_record_end_to_end(tmp_path: Path) -> None:
-    planted = record_tiny(tmp_path / "planted")
+def test_record_end_to_end(tmp_path: Path, recordings: Recordings) -> None:
+    _, planted = recordings.demo()  # record_tiny's launch without --fixed, made once a session
     # The job trained fine: record says so, whatever the findings (--fail-on makes them fail).
     assert planted.returncode == 0, planted.stdout + planted.stderr
     # One wrong line, one cause: its prefetch-order and wasted-prefetch findings told under it.

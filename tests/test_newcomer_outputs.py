@@ -13,10 +13,8 @@ still gathered). Units are named ``1``..``4`` by the Sequential; their module ty
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -31,23 +29,15 @@ from fsdptrace.reading.trace import load
 from fsdptrace.reading.unit_names import is_positional, labeller, module_types
 from fsdptrace.render import as_json, told
 from fsdptrace.views import causes
-from tests.jobs import REPO
 from tests.recordings import Recordings
 
 jsonschema = pytest.importorskip("jsonschema")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+def tiny(recordings: Recordings) -> tuple[Path, subprocess.CompletedProcess]:
     """``fsdptrace record`` of the demo job, as ``make demo`` runs it (no --fail-on)."""
-    run_dir = tmp_path_factory.mktemp("tiny") / "demo"
-    bin_dir = Path(sys.executable).parent
-    command = [str(bin_dir / "fsdptrace"), "record", "--run-dir", str(run_dir), "--",
-               str(bin_dir / "torchrun"), "--nproc-per-node", "2",
-               str(REPO / "examples" / "train_tiny.py"), "--steps", "1"]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return run_dir, done
+    return recordings.demo()
 
 
 def invoke(*args: str | Path) -> Result:
