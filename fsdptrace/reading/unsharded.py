@@ -79,9 +79,8 @@ def peaks(allgathers: pd.DataFrame, *, by_design: frozenset[str] = frozenset(),
             if replay else np.array([], dtype=np.int64))
     if replay:
         replay.find_held(kept)
-        passes = replay.passes.iloc[kept].itertuples(index=False, name=None)
-    for index, (rank, step, micro_step, phase) in zip(kept, passes if replay else (),
-                                                      strict=True):
+    passes = replay.passes.iloc[kept].itertuples(index=False, name=None) if replay else ()
+    for index, (rank, step, micro_step, phase) in zip(kept, passes, strict=True):
         assert replay is not None
         where = (int(step), int(micro_step), str(phase))
         holding = replay.holding(int(index))
@@ -222,12 +221,11 @@ def _floors(allgathers: pd.DataFrame) -> pd.DataFrame:
     keys = [allgathers[c].to_numpy(dtype=np.int64) for c in ("rank", "step", "micro_step")]
     keys.append(phase.cat.codes.to_numpy(dtype=np.int64))
     order = np.lexsort(keys[::-1])
-    starts = np.flatnonzero(np.r_[True, np.any([k[order][1:] != k[order][:-1] for k in keys],
-                                               axis=0)])
-    is_start = np.zeros(len(order), dtype=np.int64)
-    is_start[starts] = 1
+    in_order = [k[order] for k in keys]
+    new_pass = np.r_[True, np.any([k[1:] != k[:-1] for k in in_order], axis=0)]
+    starts = np.flatnonzero(new_pass)
     pass_of = np.empty(len(order), dtype=np.int64)
-    pass_of[order] = np.cumsum(is_start) - 1
+    pass_of[order] = np.cumsum(new_pass) - 1
     # (pass, unit) as one integer; -1 (no issuer) never matches a unit that ran.
     span = int(max(unit.max(initial=-1), issuer.max(initial=-1))) + 2
     num_bytes = allgathers["num_bytes"].to_numpy(dtype=np.int64)
