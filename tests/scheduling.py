@@ -12,7 +12,8 @@ one of them waited on a job that hangs or sleeps on purpose; a plain third worke
 busy, but then three CPU-bound workers shared two cores and the timing tests flaked. So the
 last worker takes the files that mostly wait first (``WAITING``), then the corpus's cases
 (CPU-bound, but timed only against minutes), and other files only when nothing else is left;
-the other workers take everything but the waiting files first.
+the other workers take the long files of few tests first (``LONG``), then the other files, then
+the cases, then the waiting files.
 """
 
 from __future__ import annotations
@@ -28,14 +29,26 @@ CASE_BY_CASE = ("tests/test_hostile_corpus.py",)
 # watch_jobs 0.40, verdict_jobs 0.59, full_disk 0.69. The job files that keep the CPUs busy use
 # 1.1-1.7 (endings_jobs, kill_loop, recorder_failures, reliability_jobs).
 WAITING = ("tests/test_watch_jobs.py", "tests/test_verdict_jobs.py", "tests/test_full_disk.py")
+# Files of few tests that take long (seconds of one worker, measured in a full run on the 2-core
+# box): xdist queues files by how many tests they hold, so these came out last and one ran
+# alone at the end (kill_loop 28 s, 1 test). The CPU workers take them first.
+LONG = ("tests/test_trainers_lightning.py",  # 66 s, 4 tests
+        "tests/test_property.py",  # 54 s, 7
+        "tests/test_trainers_accelerate.py",  # 45 s, 4
+        "tests/test_spec.py",  # 41 s, 9
+        "tests/test_hsdp_endings.py",  # 38 s, 7
+        "tests/test_trainers_hf.py",  # 31 s, 3
+        "tests/test_recorder_failures.py",  # 31 s, 5
+        "tests/test_kill_loop.py")  # 28 s, 1
 # The fewest workers with a waiting lane: with two, each is needed for CPU-bound work.
 LANE_FROM_WORKERS = 3
 
 
 class FilesThenCases(LoadFileScheduling):
-    """``loadfile``, with each test of ``CASE_BY_CASE`` a unit of its own. xdist queues units
-    by how many tests they hold, most first, so these single tests go out after every file.
-    With ``LANE_FROM_WORKERS`` workers or more, the last one is the waiting lane."""
+    """``loadfile``, with each test of ``CASE_BY_CASE`` a unit of its own, handed out after
+    every file (xdist queues units by how many tests they hold, most first, which would mix a
+    file of one test in with the cases). With ``LANE_FROM_WORKERS`` workers or more, the last
+    one is the waiting lane."""
 
     def _split_scope(self, nodeid: str) -> str:
         path = nodeid.split("::", 1)[0]
@@ -44,8 +57,9 @@ class FilesThenCases(LoadFileScheduling):
     def _assign_work_unit(self, node: Any) -> None:
         nodes = sorted(self.assigned_work, key=_worker_number)
         if len(nodes) < LANE_FROM_WORKERS:
-            return super()._assign_work_unit(node)
-        order = _lane_order if node is nodes[-1] else _cpu_order
+            order = _files_then_cases
+        else:
+            order = _lane_order if node is nodes[-1] else _cpu_order
         preferred = min(self.workqueue, key=order)  # the first of the lowest: min is stable
         self.workqueue.move_to_end(preferred, last=False)  # the base pops the first unit
         return super()._assign_work_unit(node)
@@ -56,8 +70,15 @@ def _lane_order(scope: str) -> int:
     return 0 if path.endswith(WAITING) else 1 if path.endswith(CASE_BY_CASE) else 2
 
 
+def _files_then_cases(scope: str) -> int:
+    return int(scope.split("::", 1)[0].endswith(CASE_BY_CASE))
+
+
 def _cpu_order(scope: str) -> int:
-    return int(scope.split("::", 1)[0].endswith(WAITING))
+    """The long files of few tests, the other files, the corpus's cases, the waiting files."""
+    path = scope.split("::", 1)[0]
+    return (3 if path.endswith(WAITING) else 2 if path.endswith(CASE_BY_CASE)
+            else 0 if path.endswith(LONG) else 1)
 
 
 def _worker_number(node: Any) -> int:

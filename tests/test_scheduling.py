@@ -16,6 +16,7 @@ COLLECTION = [
     "tests/test_verdict_jobs.py::test_a", "tests/test_verdict_jobs.py::test_b",
     "tests/test_verdict_jobs.py::test_c",
     "tests/test_hostile_corpus.py::test_case[a]", "tests/test_hostile_corpus.py::test_case[b]",
+    "tests/test_one.py::test_alone",
 ]
 
 
@@ -62,15 +63,18 @@ def _files_per_worker(num_workers: int) -> dict[str, list[str]]:
 
 
 def test_the_last_of_three_workers_takes_the_waiting_files_first() -> None:
+    """The other two take a long file of few tests first (``LONG``: kill_loop), then the other
+    files; a file of one test goes out with the files, before any case (it used to tie with
+    the cases and come out last)."""
     assert _files_per_worker(3) == {
-        "gw0": ["test_cli.py", "test_hostile_corpus.py"],
-        "gw1": ["test_kill_loop.py", "test_hostile_corpus.py"],
+        "gw0": ["test_kill_loop.py", "test_one.py", "test_hostile_corpus.py"],
+        "gw1": ["test_cli.py", "test_hostile_corpus.py"],
         "gw2": ["test_watch_jobs.py", "test_verdict_jobs.py"]}
 
 
-def test_two_workers_take_files_in_xdist_order() -> None:
+def test_two_workers_take_files_in_xdist_order_then_the_cases() -> None:
     assert _files_per_worker(2) == {
-        "gw0": ["test_cli.py", "test_kill_loop.py", "test_hostile_corpus.py"],
+        "gw0": ["test_cli.py", "test_kill_loop.py", "test_one.py", "test_hostile_corpus.py"],
         "gw1": ["test_watch_jobs.py", "test_verdict_jobs.py", "test_hostile_corpus.py"]}
 
 
