@@ -26,6 +26,7 @@ from plain_train import build, init_process_group, train
 import fsdptrace
 
 BALLAST = "ballast"
+CLOSE_TIMEOUT_S = 120.0
 
 
 def fill(folder: str) -> int:
@@ -54,8 +55,13 @@ def main() -> int:
     init_process_group()
     model = build()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    # close waits for the writer process's salvage (by default it returns after 5 s and the
+    # writer finishes alone): the tests read the run dir, then remove the hot folders, the
+    # moment the ranks exit, and a writer still salvaging from them on a loaded machine wrote
+    # its loss markers from what was left (one CI run: 37 rows said, 128 lacking).
     recorder = fsdptrace.attach(model, optimizer=optimizer,
-                                flush_interval_s=3600.0 if at_close else 2.0)
+                                flush_interval_s=3600.0 if at_close else 2.0,
+                                close_timeout_s=CLOSE_TIMEOUT_S)
     for step in range(num_steps):
         train(model, optimizer, num_steps=1, seed=step)
         time.sleep(pause_s)
