@@ -126,14 +126,36 @@ def _unreadable(path: Path, reason: str) -> UnreadableChunkError:
 def loads_flat(text: bytes) -> object:
     """``json.loads`` of text nested at most ``MAX_JSON_DEPTH`` deep; deeper is a ValueError
     before any parsing (``json`` recurses once per level: a megabyte of ``[`` overflows it)."""
-    brackets = _JSON_STRING.sub(b"", text).translate(None, _NOT_BRACKET)  # in strings: text
-    if brackets:
-        codes = np.frombuffer(brackets, dtype=np.uint8)
-        depth = np.cumsum(np.where((codes == ord("[")) | (codes == ord("{")), 1, -1),
-                          dtype=np.int32)
-        if int(depth.max()) > MAX_JSON_DEPTH:
-            raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    if nesting_depth(text) > MAX_JSON_DEPTH:
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     return json.loads(text)
+
+
+def nesting_depth(text: bytes) -> int:
+    """How deep the brackets of JSON ``text`` nest, brackets inside strings not counted.
+
+    Without a backslash, and with every quote closed, strings are what lies between
+    consecutive quotes (as ``json`` pairs them), so the quotes' running parity marks them: a
+    few array passes. Otherwise a quote may be escaped or left open, and the strings are
+    matched by their pattern: ten times slower on the megabyte frames of a deep run's
+    gradients (0.34 -> 0.03 s for the segments of a generated 16-rank run).
+    """
+    codes = np.frombuffer(text, dtype=np.uint8)
+    in_string = np.bitwise_xor.accumulate((codes == ord('"')).view(np.uint8))
+    if b"\\" in text or (len(codes) and in_string[-1]):
+        codes = np.frombuffer(_JSON_STRING.sub(b"", text).translate(None, _NOT_BRACKET),
+                              dtype=np.uint8)
+    else:
+        codes = codes[_is_bracket(codes) & (in_string == 0)]
+    if not len(codes):
+        return 0
+    opens = (codes == ord("[")) | (codes == ord("{"))
+    return max(0, int(np.cumsum(np.where(opens, 1, -1), dtype=np.int32).max()))
+
+
+def _is_bracket(codes: np.ndarray) -> np.ndarray:
+    return ((codes == ord("[")) | (codes == ord("]")) | (codes == ord("{"))
+            | (codes == ord("}")))
 
 
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
