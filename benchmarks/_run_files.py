@@ -1,7 +1,7 @@
 """Write one synthetic rank's tables as the recorder leaves them on disk.
 
 A rank that closed: what the writer process's ``finish`` leaves, one compacted part per table
-named by the journal segments it holds (``part-<writer>-000000-<last>.parquet``), stamped and
+named by the journal segments it holds (``part-<writer>-000001-<last>.parquet``), stamped and
 compressed like ``PartWriter``'s parts. A dead rank (its node lost: training and writer process
 killed together): the recorder's own journal code writes its rows into segments, and
 ``PartWriter`` converts the full ones as its flush passes did; the open segments stay in
@@ -46,7 +46,8 @@ def write_closed(run_dir: Path, rank: int, writer: str, tables: dict[str, pa.Tab
             rank=rank)
         directory.mkdir(parents=True, exist_ok=True)
         last = last_segment(name, table.num_rows)
-        path = directory / RANGE_PART_FILE.format(writer=writer, first=0, last=last)
+        # Segments count from 1; the empty part of the start (0-0) stays only where none was.
+        path = directory / RANGE_PART_FILE.format(writer=writer, first=min(1, last), last=last)
         # The rows are in the declared schema already: only the footer's stamp differs.
         stamped = table.replace_schema_metadata(schema.with_metadata(
             schema.TABLES[name], rank=rank, version=__version__).metadata)

@@ -71,8 +71,8 @@ def test_every_row_reads_back_once_running_and_closed(tmp_path: Path, hot: bool,
     assert _seqs(tmp_path) == list(range(1, 2001))  # parts and journal tail together
     assert writer.close(10.0)
     assert _seqs(tmp_path) == list(range(1, 2001))
-    (part,) = part_files(tmp_path / "events" / "rank=0")  # compacted to one
-    assert re.fullmatch(r"part-j1_000000001-000000-\d{6}\.parquet", part.name)
+    (part,) = part_files(tmp_path / "events" / "rank=0")  # compacted to one, the empty gone
+    assert re.fullmatch(r"part-j1_000000001-000001-\d{6}\.parquet", part.name)
     assert not list((tmp_path / "journal" / "rank=0").iterdir())
     assert not writer.segment_dir.exists() or not hot  # the writer removed its hot folder
     for table in schema.TABLES:  # every table exists, empty or not
@@ -98,16 +98,19 @@ def test_interrupted_deletion_and_compaction_count_once(tmp_path: Path) -> None:
     # The writer process's steps, run here one at a time.
     process = PartWriter(tmp_path / "again", rank=0, version="test", writer_id="j1_000000001")
     process.write_empty_tables()
+    process.convert(final=False)  # the segments that filled, then the last: two parts
     process.convert(final=True)
     parts = sorted((tmp_path / "again" / "events" / "rank=0").glob("part-*"))
-    assert len(parts) == 2
+    assert [p.name.split("-")[2] for p in parts] == ["000000", "000001", parts[2].name.split(
+        "-")[2]] and parts[2].name.split("-")[2] != "000001"  # the empty one, then two
     shutil.copytree(saved, tmp_path / "again" / "journal", dirs_exist_ok=True)
     assert _seqs(tmp_path / "again") == list(range(1, 1501))
     kept = tmp_path.parent / "kept"
     shutil.copytree(tmp_path / "again" / "events", kept)
-    process.compact()
+    process.compact()  # the empty part deleted, the two merged
+    assert len(list((tmp_path / "again" / "events" / "rank=0").glob("part-*"))) == 1
     shutil.copytree(kept, tmp_path / "again" / "events", dirs_exist_ok=True)
-    assert len(list((tmp_path / "again" / "events" / "rank=0").glob("part-*"))) == 3
+    assert len(list((tmp_path / "again" / "events" / "rank=0").glob("part-*"))) == 4
     assert _seqs(tmp_path / "again") == list(range(1, 1501))
 
 

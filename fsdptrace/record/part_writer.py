@@ -248,6 +248,13 @@ class PartWriter:
             # skips it, and so does this one, or its rows would count twice.
             parts = [p for p in found if not any(a <= p[0] and p[1] <= b and (a, b) != p[:2]
                                                  for a, b, _ in found)]
+            # The empty part written at the start (``write_empty_tables``, segments 0-0) only
+            # keeps the table's folder until rows arrive: once another part holds them, it goes
+            # instead of being read and merged (two thirds of a short recording's compaction).
+            if len(parts) > 1 and parts[0][:2] == (0, 0):
+                parts, empty = parts[1:], parts[0]
+                found.remove(empty)
+                empty[2].unlink(missing_ok=True)
             for part in found:
                 if part not in parts:
                     part[2].unlink(missing_ok=True)
