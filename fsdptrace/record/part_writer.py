@@ -250,11 +250,9 @@ class PartWriter:
                                                  for a, b, _ in found)]
             # The empty part written at the start (``write_empty_tables``, segments 0-0) only
             # keeps the table's folder until rows arrive: once another part holds them, it goes
-            # instead of being read and merged (two thirds of a short recording's compaction).
+            # (below) instead of being read and merged (two thirds of a short close's work).
             if len(parts) > 1 and parts[0][:2] == (0, 0):
-                parts, empty = parts[1:], parts[0]
-                found.remove(empty)
-                empty[2].unlink(missing_ok=True)
+                parts = parts[1:]
             for part in found:
                 if part not in parts:
                     part[2].unlink(missing_ok=True)
