@@ -28,7 +28,7 @@ from fsdptrace.checks import (
 )
 from fsdptrace.checks.contract import KEPT_FRAMES, Kept
 from fsdptrace.checks.kernel import rank_runs
-from fsdptrace.checks.kernel.order import GROUP, unit_sets
+from fsdptrace.checks.kernel.order import GROUP
 from fsdptrace.checks.kernel.tables import RankTables
 from fsdptrace.reading import chunk_gaps, endings, incomplete, reader
 from fsdptrace.reading.trace import TABLE_NAMES, check_meta, to_frame
@@ -64,7 +64,7 @@ class RankSummary(Kept):
 def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) -> RankSummary:
     """``map_trace`` on code columns (a run dir's rank is read straight from Arrow)."""
     across = selected(with_causes(names), ACROSS_RANKS)
-    sets = unit_sets(tables.frame("units"))
+    sets = tables.unit_sets
     return RankSummary(
         findings=per_rank_findings(tables, names),
         # Shared with check 7, kept as runs of ranks for check 4.

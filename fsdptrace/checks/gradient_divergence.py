@@ -19,7 +19,6 @@ from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
 from fsdptrace.checks.kernel import rank_runs
 from fsdptrace.checks.kernel.columns import empty_frame
 from fsdptrace.checks.kernel.majority import against_majority, compared_with
-from fsdptrace.checks.kernel.order import unit_sets as unit_sets_of
 from fsdptrace.checks.kernel.settings import value_at
 from fsdptrace.checks.kernel.stops import cut_off_passes
 from fsdptrace.reading import incomplete
@@ -48,7 +47,7 @@ _DTYPES = {"rank": "int32", "step": "int32", "micro_step": "int32", "unit": "cat
 
 def summarize(tables: RankTables) -> pd.DataFrame:
     """``rank_slots`` as runs of ranks (``rank_runs.code``): what the reduce compares."""
-    return rank_runs.code(rank_slots(tables), unit_sets_of(tables.frame("units")), SLOT[1:],
+    return rank_runs.code(rank_slots(tables), tables.unit_sets, SLOT[1:],
                           _VALUES)
 
 
@@ -80,7 +79,7 @@ def rank_slots(tables: RankTables) -> pd.DataFrame:
 
 
 def _empty() -> pd.DataFrame:
-    return rank_runs.code(empty_frame(_DTYPES), unit_sets_of(pd.DataFrame()), SLOT[1:], _VALUES)
+    return rank_runs.no_runs(_DTYPES, SLOT[1:], _VALUES)
 
 
 def _joined_params(rows: pd.DataFrame, name: str) -> pd.DataFrame:

@@ -18,9 +18,8 @@ import pandas as pd
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
 from fsdptrace.checks.kernel import rank_runs
-from fsdptrace.checks.kernel.columns import empty_frame, fold
+from fsdptrace.checks.kernel.columns import fold
 from fsdptrace.checks.kernel.majority import against_majority, compared_with
-from fsdptrace.checks.kernel.order import unit_sets as unit_sets_of
 from fsdptrace.checks.kernel.stops import cut_off_passes
 from fsdptrace.reading import incomplete
 from fsdptrace.reading.keys import step_key
@@ -61,11 +60,11 @@ def summarize(tables: RankTables) -> pd.DataFrame:
     points = [_completed_micro_steps(tables).assign(unit=None), _stopped_backwards(tables)]
     summary = pd.concat([rows, *(p.assign(setting=None, value=None) for p in points)],
                         ignore_index=True)[_SUMMARY].astype(_DTYPES)
-    return rank_runs.code(summary, unit_sets_of(tables.frame("units")), _SLOT, ["value"])
+    return rank_runs.code(summary, tables.unit_sets, _SLOT, ["value"])
 
 
 def _empty() -> pd.DataFrame:
-    return rank_runs.code(empty_frame(_DTYPES), unit_sets_of(pd.DataFrame()), _SLOT, ["value"])
+    return rank_runs.no_runs(_DTYPES, _SLOT, ["value"])
 
 
 def _completed_micro_steps(tables: RankTables) -> pd.DataFrame:

@@ -98,13 +98,15 @@ def _collective_sequences(tables: RankTables) -> pd.DataFrame:
 def check(merged: Merged) -> pd.DataFrame:
     """Every rank's ending (``fsdptrace.reading.endings``), where it stopped, and the verdict."""
     world_size = int(merged.meta["world_size"].max()) if len(merged.meta) else len(merged.ranks)
+    missing = sorted(set(range(world_size)) - set(merged.ranks))
+    if not missing and endings.clean_ranks(merged.ends, merged.ranks) >= set(merged.ranks):
+        return findings.empty()  # every rank closed cleanly: the usual answer, without frames
     ends = endings.rank_endings(merged.ends, merged.ranks)[["rank", "ending", "detail"]]
     status = ends.merge(merged.last, on="rank", how="left")
     stalled = status[status["ending"] != endings.CLEAN].copy()
     rows = []
     if len(stalled):
         rows.append(_stalled(stalled, status, _cause(merged, stalled)))
-    missing = sorted(set(range(world_size)) - set(merged.ranks))
     if missing:
         frame = pd.DataFrame({"rank": missing})
         message = ["rank " + str(r) + " of world size " + str(world_size) + " has no data on "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,7 +36,11 @@ def ending_markers(markers: pd.DataFrame) -> pd.DataFrame:
     """The markers that say how a rank ended (what the map step hands to the reduce)."""
     if not len(markers) or "kind" not in markers:
         return markers.iloc[0:0]
-    return markers[markers["kind"].astype(object).isin(schema.ENDING_MARKERS)]
+    kind = markers["kind"]
+    if isinstance(kind.dtype, pd.CategoricalDtype):  # on codes: the words are a few categories
+        ending = np.flatnonzero(kind.cat.categories.isin(schema.ENDING_MARKERS))
+        return markers[np.isin(kind.cat.codes.to_numpy(), ending)]
+    return markers[kind.astype(object).isin(schema.ENDING_MARKERS)]
 
 
 def ending_markers_arrow(markers: pa.Table) -> pd.DataFrame:
@@ -53,16 +58,7 @@ def rank_endings(markers: pd.DataFrame, ranks: Iterable[int]) -> pd.DataFrame:
     recorder ended. In plain Python over the ending markers (one or two a rank): every
     analysis asks this of each rank, where pandas' merges cost milliseconds for a few rows.
     """
-    ends = ending_markers(markers)
-    last: dict[int, tuple[object, object, object, object]] = {}
-    if len(ends):
-        order = [c for c in ("t_ns", "seq") if c in ends]
-        ends = ends.sort_values(order) if order else ends
-        for rank, kind, detail, step, micro_step in zip(
-                ends["rank"].tolist(), ends["kind"].astype(object).tolist(),
-                ends["detail"].tolist(), ends["step"].tolist(), ends["micro_step"].tolist(),
-                strict=True):
-            last[int(rank)] = (_BY_KIND.get(kind, KILLED_OR_HUNG), detail, step, micro_step)
+    last = _last_endings(markers)
     present = sorted({int(r) for r in ranks})
     found = [last.get(rank, (KILLED_OR_HUNG, None, None, None)) for rank in present]
     return pd.DataFrame({
@@ -79,8 +75,23 @@ def clean_ranks(markers: pd.DataFrame, ranks: Iterable[int] | None = None) -> se
     """Ranks whose recording ended clean (of ``ranks``, else of every rank in ``markers``)."""
     if ranks is None:
         ranks = markers["rank"].unique() if len(markers) and "rank" in markers else []
-    endings = rank_endings(markers, ranks)
-    return {int(r) for r in endings.loc[endings["ending"] == CLEAN, "rank"]}
+    last = _last_endings(markers)
+    return {int(r) for r in ranks if last.get(int(r), (KILLED_OR_HUNG,))[0] == CLEAN}
+
+
+def _last_endings(markers: pd.DataFrame) -> dict[int, tuple[str, object, object, object]]:
+    """Per rank with an ending marker, its last: (ending, detail, step, micro_step)."""
+    ends = ending_markers(markers)
+    last: dict[int, tuple[str, object, object, object]] = {}
+    if len(ends):
+        order = [c for c in ("t_ns", "seq") if c in ends]
+        ends = ends.sort_values(order) if order else ends
+        for rank, kind, detail, step, micro_step in zip(
+                ends["rank"].tolist(), ends["kind"].astype(object).tolist(),
+                ends["detail"].tolist(), ends["step"].tolist(), ends["micro_step"].tolist(),
+                strict=True):
+            last[int(rank)] = (_BY_KIND.get(kind, KILLED_OR_HUNG), detail, step, micro_step)
+    return last
 
 
 def describe(endings: pd.DataFrame) -> pd.Series:

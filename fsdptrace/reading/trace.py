@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fsdptrace.errors import RunDirError
 from fsdptrace.reading import reader
@@ -156,10 +157,10 @@ class Trace:
 
 def to_frame(data: pa.Table) -> pd.DataFrame:
     """One Arrow table as ``load`` holds it (categoricals for dictionaries, int32 ranks)."""
-    frame = data.to_pandas()
-    if "rank" in frame:
-        frame["rank"] = frame["rank"].astype("int32")
-    return frame
+    if "rank" in data.column_names:  # cast in Arrow: a pandas column cast copies the frame
+        at = data.column_names.index("rank")
+        data = data.set_column(at, "rank", pc.cast(data.column(at), pa.int32()))
+    return data.to_pandas()
 
 
 def read_frame(run_dir: Path, table: str, ranks: Iterable[int]) -> pd.DataFrame:

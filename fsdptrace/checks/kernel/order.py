@@ -46,7 +46,13 @@ def unit_sets(units: pd.DataFrame) -> pd.DataFrame:
     if not len(units):
         return pd.DataFrame(columns=["rank", "unit_set"])
     distinct = units[["rank", "unit"]].drop_duplicates()
-    hashed = pd.util.hash_array(distinct["unit"].astype(str).to_numpy())
+    unit = distinct["unit"]
+    if isinstance(unit.dtype, pd.CategoricalDtype) and not unit.isna().any():
+        # The same hashes, each distinct name hashed once (``hash_array`` is per value).
+        names = pd.util.hash_array(unit.cat.categories.astype(str).to_numpy())
+        hashed = names[unit.cat.codes.to_numpy()]
+    else:
+        hashed = pd.util.hash_array(unit.astype(str).to_numpy())
     sets = pd.Series(hashed, index=distinct.index).groupby(distinct["rank"]).sum()
     return sets.rename("unit_set").reset_index()
 

@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 
 from fsdptrace.checks.kernel.columns import Columns, Vocab
+from fsdptrace.checks.kernel.order import unit_sets
 from fsdptrace.reading import endings, incomplete
 from fsdptrace.reading.unit_names import Label, labeller, module_types
 from fsdptrace.store import schema
@@ -67,6 +68,11 @@ class RankTables:
         """How a message names a unit: ``3 (Block)`` where the name alone is a position
         (``reading.unit_names``); the ``unit`` and ``target`` columns keep the names."""
         return labeller(module_types(self.frame("units")))
+
+    @cached_property
+    def unit_sets(self) -> pd.DataFrame:
+        """Each rank's unit set (``order.unit_sets``): the map step and checks 10 and 12 ask."""
+        return unit_sets(self.frame("units"))
 
     @cached_property
     def stops(self) -> pd.DataFrame:
