@@ -10,6 +10,7 @@ what the writer process and a real recording leave.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -270,6 +271,23 @@ def test_the_read_floor_reads_every_table_the_analyzer_reads() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.TABLES == TABLE_NAMES
+
+
+def test_small_runs_benchmark_times_each_sample(capsys: pytest.CaptureFixture[str]) -> None:
+    """``small_runs.py`` (in process: its figure is CPU time of this process) on two samples."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "small_runs", ROOT / "benchmarks" / "small_runs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    samples = [ROOT / "sample_traces" / "clean", ROOT / "sample_traces" / "killed-rank"]
+    module.main([*map(str, samples), "--repeats", "2", "--number", "1"])
+    line = capsys.readouterr().out
+    match = re.fullmatch(r"2 run dirs, 2 x 1 analyses of each: min ([\d.]+) ms, "
+                         r"median ([\d.]+) ms of CPU per analysis\n", line)
+    assert match and 0 < float(match[1]) <= float(match[2]), line
 
 
 def test_gpu_benchmark_runs_on_cpu(tmp_path: Path) -> None:
