@@ -96,3 +96,14 @@ def test_a_run_over_ranks_outside_its_batch_is_refused() -> None:
     assert len(runs) == 1  # ranks 0 and 2, consecutive in that batch
     with pytest.raises(ValueError, match="contiguous range of ranks"):
         rank_runs.expand(runs, pd.DataFrame({"rank": [0, 1, 2], "unit_set": 1}))
+
+
+def test_no_runs_is_code_of_no_rows_and_each_caller_gets_its_own() -> None:
+    dtypes = {"rank": "int32", "step": "int32", "unit": "category", "value": "category",
+              "flag": "bool"}
+    empty = pd.DataFrame(columns=list(dtypes)).astype(dtypes)
+    expected = rank_runs.code(empty, pd.DataFrame(columns=["rank", "unit_set"]), KEYS, VALUES)
+    first = rank_runs.no_runs(dtypes, KEYS, VALUES)
+    pd.testing.assert_frame_equal(first, expected)
+    first["extra"] = 1  # a caller's change stays its own: the shape is built once, then copied
+    pd.testing.assert_frame_equal(rank_runs.no_runs(dtypes, KEYS, VALUES), expected)
