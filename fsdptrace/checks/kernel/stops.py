@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from fsdptrace.checks.kernel.last_entered import last_positions
@@ -86,10 +87,13 @@ def _boundary_stops(tables: RankTables) -> pd.DataFrame:
     markers = tables.frame("markers")
     if not len(markers) or "kind" not in markers:
         return pd.DataFrame(columns=[*COLUMNS, "seq"])
-    steps = markers[markers["kind"].astype(object) == schema.MARKER_OPTIMIZER_STEP]
-    steps = steps.assign(rank=steps["rank"].astype("int64")).sort_values(["rank", "seq"])
-    last = steps.drop_duplicates("rank", keep="last")
-    return pd.DataFrame({"rank": last["rank"], "kind": BOUNDARY,
+    steps = markers[(markers["kind"] == schema.MARKER_OPTIMIZER_STEP).to_numpy()]
+    rank = steps["rank"].to_numpy(dtype=np.int64)
+    order = np.lexsort((steps["seq"].to_numpy(), rank))  # stable, as a sort by rank, seq
+    rank = rank[order]
+    is_last = np.r_[rank[1:] != rank[:-1], True] if len(rank) else np.zeros(0, dtype=bool)
+    last = steps.iloc[order[is_last]]  # each rank's last
+    return pd.DataFrame({"rank": last["rank"].astype("int64"), "kind": BOUNDARY,
                          "step": last["step"].astype("int64"), "micro_step": None,
                          "phase": None, "unit": None, "position": None, "call": None,
                          "t_ns": last["t_ns"], "seq": last["seq"]})
