@@ -20,6 +20,7 @@ import pyarrow as pa
 from fsdptrace.checks.kernel.columns import Columns, Vocab
 from fsdptrace.checks.kernel.order import unit_sets
 from fsdptrace.reading import endings, incomplete
+from fsdptrace.reading.reader import empty_table
 from fsdptrace.reading.unit_names import Label, labeller, module_types
 from fsdptrace.store import schema
 
@@ -174,7 +175,8 @@ class RankTables:
 
         Tables missing from ``tables`` count as empty.
         """
-        tables = {name: tables.get(name, _empty(name)) for name in schema.TABLES}
+        tables = {name: tables[name] if name in tables else empty_table(name, ranked=True)
+                  for name in schema.TABLES}
         vocab = Vocab()
         markers = tables["markers"]
         closed = _closed(endings.ending_markers_arrow(markers))
@@ -186,11 +188,6 @@ class RankTables:
                    sizes={t: tables[t].num_rows for t in SIZED},
                    incomplete=incomplete.from_arrow(markers),
                    grads_written=Columns.from_arrow(tables["grads_written"], vocab))
-
-
-def _empty(table: str) -> pa.Table:
-    empty = schema.TABLES[table].remove_metadata().empty_table()
-    return empty.add_column(0, "rank", pa.array([], type=pa.int32()))
 
 
 def _events(events: Columns) -> Columns:
