@@ -1,6 +1,5 @@
-"""Check 10's summary finds distinct keys and each slot's first row without sorting every row
-(``_distinct``, ``_first_rows``): held to ``np.unique`` on random slots, through both ways each
-takes (the bitmap and the sort; slots numbered as pandas' ``ngroup(sort=False)`` does, or not).
+"""Check 10's summary finds distinct keys without sorting every row (``_distinct``): held to
+``np.unique`` on random slots, through both ways it takes (the bitmap and the sort).
 Its comparison keeps only the groups where ranks disagree (``rank_runs.disagreeing``, on runs
 of ranks): held to a pandas group-by, with narrow keys and keys too wide to multiply into one
 int64.
@@ -24,21 +23,6 @@ def test_distinct_keys_are_np_unique(keys: list[int], num_params: int, small: bo
     keys_arr = np.array(keys, dtype=np.int64) * num_params
     size = int(keys_arr.max()) + 1 if small else check10._BITMAP_LIMIT + 1
     assert np.array_equal(check10._distinct(keys_arr, size), np.unique(keys_arr))
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=60),
-       st.booleans())
-def test_first_rows_are_where_slots_first_appear(rows: list[tuple[int, int]],
-                                                 as_pandas_numbers: bool) -> None:
-    frame = pd.DataFrame(rows, columns=["a", "b"])
-    if as_pandas_numbers:
-        slot = frame.groupby(["a", "b"], sort=False).ngroup().to_numpy(dtype=np.int64)
-    else:  # numbered otherwise: the sort takes over
-        slot = frame.groupby(["a", "b"], sort=True).ngroup().to_numpy(dtype=np.int64)
-    num_slots = int(slot.max()) + 1
-    assert np.array_equal(check10._first_rows(slot, num_slots),
-                          np.unique(slot, return_index=True)[1])
 
 
 @settings(max_examples=200, deadline=None)

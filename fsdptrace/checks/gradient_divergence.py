@@ -22,6 +22,7 @@ from fsdptrace.checks.kernel.majority import against_majority, compared_with
 from fsdptrace.checks.kernel.settings import value_at
 from fsdptrace.checks.kernel.stops import cut_off_passes
 from fsdptrace.reading import incomplete
+from fsdptrace.reading.keys import first_rows, group_ids
 from fsdptrace.store import schema
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def _joined_params(rows: pd.DataFrame, name: str) -> pd.DataFrame:
     params = rows["param"].cat
     names = params.categories.astype(str).to_numpy(dtype=object)
     ranked = np.argsort(np.argsort(names, kind="stable"), kind="stable")  # sorted code order
-    slot = rows.groupby(SLOT, sort=False, observed=True).ngroup().to_numpy(dtype=np.int64)
+    slot = group_ids(rows, SLOT)
     num_slots = int(slot.max()) + 1
     key = _distinct(slot * len(names) + ranked[params.codes.to_numpy()],
                     num_slots * len(names))  # distinct, sorted
@@ -114,7 +115,7 @@ def _joined_params(rows: pd.DataFrame, name: str) -> pd.DataFrame:
         texts = np.array([", ".join(by_rank[code[a:a + n]]) for a, n in zip(starts, counts,
                                                                             strict=True)],
                          dtype=object)
-    frame = rows.iloc[_first_rows(slot, num_slots)][SLOT].reset_index(drop=True)
+    frame = rows.iloc[first_rows(slot)][SLOT].reset_index(drop=True)
     frame = frame.astype({"rank": "int64", "step": "int64", "micro_step": "int64"})
     return frame.assign(**{name: texts})
 
@@ -127,16 +128,6 @@ def _distinct(keys: np.ndarray, size: int) -> np.ndarray:
     seen = np.zeros(size, dtype=bool)
     seen[keys] = True
     return np.flatnonzero(seen)
-
-
-def _first_rows(slot: np.ndarray, num_slots: int) -> np.ndarray:
-    """Each slot's first row. ``ngroup(sort=False)`` numbers slots as they first appear, so a
-    slot's first row is where the running maximum grows."""
-    running = np.maximum.accumulate(slot)
-    first = np.flatnonzero(np.r_[True, running[1:] > running[:-1]])
-    if len(first) != num_slots or (slot[first] != np.arange(num_slots)).any():
-        return np.unique(slot, return_index=True)[1]
-    return first
 
 
 def _same_lists(code: np.ndarray, starts: np.ndarray, counts: np.ndarray,

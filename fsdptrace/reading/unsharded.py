@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from fsdptrace.reading.keys import first_rows, group_ids, row_keys
+
 _HOLD, _FREE = "issue", ("reshard", "drop")
 _NONE = np.empty(0, dtype=np.int64)  # a pass that held nothing at its peak
 _PASS = ["rank", "step", "micro_step", "phase"]
@@ -124,12 +126,11 @@ class _Replay:
         rank = rows["rank"].to_numpy(dtype=np.int64)
         issue = (rows["event"] == _HOLD).to_numpy()
         size = np.where(issue, rows["num_bytes"].to_numpy(dtype=np.int64), 0)
-        key = rows.groupby(["rank", "unit", "group"], sort=False, observed=True).ngroup().to_numpy()
+        key = group_ids(rows, ["rank", "unit", "group"])
         before = pd.Series(size).groupby(key).shift(1, fill_value=0).to_numpy(dtype=np.int64)
         held = pd.Series(size - before).groupby(rank).cumsum().to_numpy(dtype=np.int64)
-        where = rows.groupby(["rank", "step", "micro_step", "phase"], sort=False, observed=True)
-        passes = where.ngroup().to_numpy()
-        first = where.head(1).index.to_numpy()  # each pass's first row, in pass order
+        passes = group_ids(rows, _PASS)
+        first = first_rows(passes)  # each pass's first row, in pass order
         self.passes = rows.loc[first, _PASS].reset_index(drop=True)  # in pass order
         # What a pass inherits: held after the row before its first, on the same rank.
         previous = first - 1
@@ -210,63 +211,43 @@ def _floors(allgathers: pd.DataFrame) -> pd.DataFrame:
     one unit needs there: its own parameters plus what it prefetched there.
 
     Every unit with a row in the pass ran there (its gather, wait, reshard or a no-op unshard).
-    On arrays, one sort for all passes: a group-by per pass cost 0.5 s per rank of a real run,
-    and group-bys on five columns then a dictionary of every pass were a tenth of the ledger
-    on deep ranks (``peaks`` of 2 ranks x 464k gathers: 0.27 -> 0.24 s).
+    On arrays: each (pass, unit) numbered once, its bytes reduced in place, and only the passes
+    sorted (a group-by per pass cost 0.5 s per rank of a real run; a sort of every row and
+    three more of every (pass, unit) were most of what was left).
     """
     if not len(allgathers):
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in [*_PASS, "floor"]})
     unit, issuer = _shared_codes(allgathers["unit"], allgathers["issuer_unit"])
-    phase = allgathers["phase"].astype("category")
-    keys = [allgathers[c].to_numpy(dtype=np.int64) for c in ("rank", "step", "micro_step")]
-    keys.append(phase.cat.codes.to_numpy(dtype=np.int64))
-    order = np.lexsort(keys[::-1])
-    in_order = [k[order] for k in keys]
-    new_pass = np.r_[True, np.any([k[1:] != k[:-1] for k in in_order], axis=0)]
-    starts = np.flatnonzero(new_pass)
-    pass_of = np.empty(len(order), dtype=np.int64)
-    pass_of[order] = np.cumsum(new_pass) - 1
+    passes = group_ids(allgathers, _PASS)
+    first = first_rows(passes)
     # (pass, unit) as one integer; -1 (no issuer) never matches a unit that ran.
     span = int(max(unit.max(initial=-1), issuer.max(initial=-1))) + 2
     num_bytes = allgathers["num_bytes"].to_numpy(dtype=np.int64)
-    own_key, own = _reduce(pass_of * span + unit + 1, num_bytes, np.maximum)
+    pair, pairs = pd.factorize(passes * span + unit + 1)
+    need = np.zeros(len(pairs), dtype=np.int64)
+    np.maximum.at(need, pair, num_bytes)
     prefetched = ((allgathers["event"] == _HOLD)
                   & allgathers["issuer_kind"].isin(["prefetch", "implicit"])).to_numpy()
-    extra_key, extra = _reduce((pass_of * span + issuer + 1)[prefetched], num_bytes[prefetched],
-                               np.add)
-    at = np.searchsorted(own_key, extra_key)
-    found = at < len(own_key)
-    found[found] = own_key[at[found]] == extra_key[found]
-    need = own.copy()
-    need[at[found]] += extra[found]  # extra keys are distinct: no two add to one place
-    pass_key, floor = _reduce(own_key // span, need, np.maximum)
-    first = order[starts[pass_key]]
-    return pd.DataFrame({"rank": keys[0][first], "step": keys[1][first],
-                         "micro_step": keys[2][first],
-                         "phase": phase.cat.categories.astype(str).to_numpy()[keys[3][first]],
-                         "floor": floor})
-
-
-def _reduce(key: np.ndarray, values: np.ndarray, ufunc: np.ufunc
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct ``key``s, sorted, and ``ufunc`` reduced over each one's ``values``."""
-    if not len(key):
-        return key, values
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    return key[starts], ufunc.reduceat(values[order], starts)
+    by = pd.Index(pairs).get_indexer((passes * span + issuer + 1)[prefetched])
+    found = by >= 0
+    np.add.at(need, by[found], num_bytes[prefetched][found])
+    floor = np.zeros(len(first), dtype=np.int64)
+    np.maximum.at(floor, np.asarray(pairs) // span, need)
+    phase = allgathers["phase"].astype("category")
+    keys = [allgathers[c].to_numpy(dtype=np.int64)[first] for c in ("rank", "step", "micro_step")]
+    code = phase.cat.codes.to_numpy(dtype=np.int64)[first]
+    order = np.lexsort((code, *keys[::-1]))
+    return pd.DataFrame({"rank": keys[0][order], "step": keys[1][order],
+                         "micro_step": keys[2][order],
+                         "phase": phase.cat.categories.astype(str).to_numpy()[code[order]],
+                         "floor": floor[order]})
 
 
 def _floors_of(passes: pd.DataFrame, floors: pd.DataFrame) -> np.ndarray:
     """``floors``' floor of each pass of ``passes`` (``_PASS`` columns), 0 where it has none."""
-    wanted = pd.DataFrame({"rank": passes["rank"].to_numpy(dtype=np.int64),
-                           "step": passes["step"].to_numpy(dtype=np.int64),
-                           "micro_step": passes["micro_step"].to_numpy(dtype=np.int64),
-                           "phase": passes["phase"].astype(str).to_numpy(dtype=object)})
-    floors = floors.astype({"phase": object})
-    found = wanted.merge(floors, on=_PASS, how="left", sort=False)["floor"]
-    return found.fillna(0).to_numpy(dtype=np.int64)
+    wanted, have = row_keys([passes, floors], _PASS)
+    at = pd.Index(have).get_indexer(wanted)
+    return np.where(at >= 0, floors["floor"].to_numpy(dtype=np.int64)[at], 0)
 
 
 def _shared_codes(unit: pd.Series, issuer: pd.Series) -> tuple[np.ndarray, np.ndarray]:
