@@ -67,12 +67,13 @@ def rank_slots(tables: RankTables) -> pd.DataFrame:
     cut = cut_off_passes(tables)
     rows = incomplete.outside(rows, cut[cut["phase"] == schema.BACKWARD], "backward_grads",
                               tables.incomplete)
-    slots = rows[SLOT].drop_duplicates()
+    slot = group_ids(rows, SLOT)
+    slots = rows.iloc[first_rows(slot)][SLOT].reset_index(drop=True)
     # A unit with several parameter groups has one post-backward each: take the union.
+    state, param = rows["state"], rows["param"]
     for name, states in (("reduced", _REDUCED), ("received", ("received",))):
-        picked = rows[rows["state"].isin(states)]
-        slots = slots.merge(_joined_params(picked, name), on=SLOT, how="left")
-        slots[name] = slots[name].fillna("")
+        picked = state.isin(states).to_numpy()
+        slots[name] = _joined_params(param[picked], slot[picked], len(slots))
     slots["told_unused"] = _told_unused(tables, slots)
     units = slots["unit"].cat.remove_unused_categories()  # the names present, sorted
     slots["unit"] = units.cat.reorder_categories(sorted(units.cat.categories.astype(str)))
@@ -83,23 +84,21 @@ def _empty() -> pd.DataFrame:
     return rank_runs.no_runs(_DTYPES, SLOT[1:], _VALUES)
 
 
-def _joined_params(rows: pd.DataFrame, name: str) -> pd.DataFrame:
-    """Per slot of ``rows``, its distinct parameters sorted and comma-joined, as ``name``.
+def _joined_params(params: pd.Series, slot: np.ndarray, num_slots: int) -> np.ndarray:
+    """Per slot (``slot``: each row's, of ``num_slots``), the distinct ``params`` of its rows
+    sorted and comma-joined; "" for a slot without rows.
 
     On codes: a run has a slot per rank, micro-step and unit, and nearly all of a unit's slots
     hold the same parameters. Slots are told apart by an order-free signature of their
     parameter codes (``_same_lists`` makes sure equal signatures are equal lists), and each
     distinct list is joined once. (Plain Python per slot took 12 of 40 s at 16 deep ranks.)
     """
-    if not len(rows):
-        return pd.DataFrame({**{c: pd.Series([], dtype=rows[c].dtype) for c in SLOT},
-                             name: pd.Series([], dtype=object)})
-    params = rows["param"].cat
-    names = params.categories.astype(str).to_numpy(dtype=object)
+    joined = np.full(num_slots, "", dtype=object)
+    if not len(params):
+        return joined
+    names = params.cat.categories.astype(str).to_numpy(dtype=object)
     ranked = np.argsort(np.argsort(names, kind="stable"), kind="stable")  # sorted code order
-    slot = group_ids(rows, SLOT)
-    num_slots = int(slot.max()) + 1
-    key = _distinct(slot * len(names) + ranked[params.codes.to_numpy()],
+    key = _distinct(slot * len(names) + ranked[params.cat.codes.to_numpy()],
                     num_slots * len(names))  # distinct, sorted
     group, code = key // max(len(names), 1), key % max(len(names), 1)
     starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
@@ -115,9 +114,8 @@ def _joined_params(rows: pd.DataFrame, name: str) -> pd.DataFrame:
         texts = np.array([", ".join(by_rank[code[a:a + n]]) for a, n in zip(starts, counts,
                                                                             strict=True)],
                          dtype=object)
-    frame = rows.iloc[first_rows(slot)][SLOT].reset_index(drop=True)
-    frame = frame.astype({"rank": "int64", "step": "int64", "micro_step": "int64"})
-    return frame.assign(**{name: texts})
+    joined[group[starts]] = texts
+    return joined
 
 
 def _distinct(keys: np.ndarray, size: int) -> np.ndarray:
