@@ -161,3 +161,14 @@ def first_rows(ids: np.ndarray) -> np.ndarray:
     if not len(ids):
         return np.zeros(0, dtype=np.int64)
     return np.flatnonzero(np.r_[True, ids[1:] > np.maximum.accumulate(ids)[:-1]])
+
+
+def in_seq_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame.sort_values(["rank", "seq"], kind="stable")``, without sorting when the rows are
+    in that order already: a rank's rows are written in ``seq`` order and its files read in
+    turn, so they nearly always are (the sort was a tenth of the memory ledger on deep ranks).
+    """
+    rank, seq = frame["rank"].to_numpy(), frame["seq"].to_numpy()
+    if ((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (seq[1:] >= seq[:-1]))).all():
+        return frame
+    return frame.sort_values(["rank", "seq"], kind="stable")

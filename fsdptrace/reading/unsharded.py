@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fsdptrace.reading.keys import first_rows, group_ids, row_keys
+from fsdptrace.reading.keys import first_rows, group_ids, in_seq_order, row_keys
 
 _HOLD, _FREE = "issue", ("reshard", "drop")
 _NONE = np.empty(0, dtype=np.int64)  # a pass that held nothing at its peak
@@ -48,7 +48,7 @@ def timeline(allgathers: pd.DataFrame) -> pd.DataFrame:
             else:
                 state.pop(key, None)  # a reshard of a group held before recording began
             held.append(sum(state.values()))
-    rows = rows.sort_values(["rank", "seq"], kind="stable").reset_index(drop=True)
+    rows = rows.reset_index(drop=True)  # in (rank, seq) order already
     for column in ("phase", "unit", "event"):
         rows[column] = rows[column].astype(str)
     rows["held_bytes"] = pd.Series(held, dtype="int64")
@@ -263,8 +263,8 @@ def _lifecycle(allgathers: pd.DataFrame) -> pd.DataFrame:
     holds would never end). Names stay as the table holds them (category codes, not text)."""
     if not len(allgathers) or not (allgathers["event"] == "reshard").any():
         return pd.DataFrame(columns=TIMELINE_COLUMNS[:-1])
-    rows = allgathers[allgathers["event"].isin([_HOLD, *_FREE]).to_numpy()]
-    return rows.sort_values(["rank", "seq"], kind="stable")[TIMELINE_COLUMNS[:-1]]
+    kept = allgathers["event"].isin([_HOLD, *_FREE]).to_numpy()
+    return in_seq_order(allgathers[TIMELINE_COLUMNS[:-1]][kept])
 
 
 def worst_passes(peak_rows: pd.DataFrame) -> pd.DataFrame:
