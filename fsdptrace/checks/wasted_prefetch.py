@@ -20,6 +20,7 @@ from fsdptrace.reading.allgathers import (
     call_label,
     call_occurrences,
     ended_issues,
+    lives_order,
     repeated_call,
     row_codes,
 )
@@ -68,7 +69,7 @@ def _findings(allgathers: pd.DataFrame, events: pd.DataFrame, issue: np.ndarray,
               end: np.ndarray) -> pd.DataFrame:
     """One finding per wasted issue, from the positions of the issue rows and of the rows
     that ended them, in seq order. In plain Python over the reported rows only."""
-    order = np.argsort(allgathers["seq"].to_numpy()[issue], kind="stable")
+    order = lives_order(allgathers, issue)
     issue, end = issue[order], end[order]
     mine = {c: allgathers[c].to_numpy()[issue].tolist() for c in
             ("rank", "step", "micro_step", "phase", "unit", "issuer_unit", "issuer_kind",

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fsdptrace.reading.keys import group_ids
+
 ISSUER_KINDS = ("own", "prefetch", "implicit", "manual", "recompute", "other")
 _PER_STEP = ["rank", "step", "unit"]
 _PER_STEP_COLUMNS = [*_PER_STEP, "all_gathers", "num_bytes", *ISSUER_KINDS, "noops"]
@@ -172,21 +174,30 @@ def ended_issues(allgathers: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
     An all-gather's life is the rows of its (rank, unit, group) in ``seq`` order; the row after
     an issue ends it when it is a consume or a drop (a re-issue before either ends nothing).
-    Positions are ordered by rank, unit name, group and seq. On arrays, so a check turns only
-    the rows it reports into text.
+    Positions are in the (rank, seq) order of the ends (``lives_order`` orders them as the
+    checks report them). On arrays, so a check turns only the rows it reports into text: each
+    life row's previous row of its life is one hashed shift, not a sort of every row.
     """
     event = allgathers["event"]
-    life = np.flatnonzero(event.isin(["issue", "consume", "drop"]).to_numpy())
-    rank = allgathers["rank"].to_numpy()
-    unit = text_codes(allgathers["unit"])
-    group = allgathers["group"].to_numpy()
-    seq = allgathers["seq"].to_numpy()
-    rows = life[np.lexsort((seq[life], group[life], unit[life], rank[life]))]
-    issue, end = rows[:-1], rows[1:]
-    ended = ((rank[issue] == rank[end]) & (unit[issue] == unit[end])
-             & (group[issue] == group[end]) & (event == "issue").to_numpy()[issue]
-             & event.isin(["consume", "drop"]).to_numpy()[end])
-    return issue[ended], end[ended]
+    is_issue = (event == "issue").to_numpy()
+    is_end = event.isin(["consume", "drop"]).to_numpy()
+    life = np.flatnonzero(is_issue | is_end)
+    rank, seq = allgathers["rank"].to_numpy()[life], allgathers["seq"].to_numpy()[life]
+    if not ((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (seq[1:] >= seq[:-1]))).all():
+        life = life[np.lexsort((seq, rank))]  # rows not as written: (rank, seq) order first
+    lives = group_ids(allgathers, ["rank", "unit", "group"])[life]
+    before = pd.Series(life).groupby(lives).shift(1, fill_value=-1).to_numpy(dtype=np.int64)
+    ended = is_end[life] & (before >= 0)
+    ended[ended] = is_issue[before[ended]]
+    return before[ended], life[ended]
+
+
+def lives_order(allgathers: pd.DataFrame, issue: np.ndarray) -> np.ndarray:
+    """The order of the issue rows ``issue`` by seq, then rank, unit name, group and row: the
+    order their findings are reported in."""
+    return np.lexsort((issue, allgathers["group"].to_numpy()[issue],
+                       text_codes(allgathers["unit"].iloc[issue]),
+                       allgathers["rank"].to_numpy()[issue], allgathers["seq"].to_numpy()[issue]))
 
 
 def row_codes(column: pd.Series) -> np.ndarray:
