@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from fsdptrace.analysis import heap
 from fsdptrace.analysis.map_step import (
     RankSummary,
     concat_field,
@@ -83,9 +84,15 @@ def analyze(source: str | os.PathLike[str] | Trace, checks: Iterable[str] | None
     ``Analysis``: the findings, sorted by severity, step, rank, with the facts that frame them.
     """
     names = resolve(list(checks) if checks is not None else None)
-    if isinstance(source, Trace):
-        return _analyze_trace(source, names)
-    run_dir = Path(source)
+    with heap.freed_memory_kept():
+        if isinstance(source, Trace):
+            return _analyze_trace(source, names)
+        return _analyze_run_dir(Path(source), names, jobs, scheduler, progress)
+
+
+def _analyze_run_dir(run_dir: Path, names: list[str], jobs: int | None, scheduler: Any,
+                     progress: Callable[[int, int], None] | None) -> Analysis:
+    """``analyze`` of a run dir: mapped here, in a process pool or on Dask, then reduced."""
     reader.check_run_dir(run_dir)
     ranks = reader.discover_ranks(run_dir)
     if scheduler is not None:
@@ -214,6 +221,12 @@ def _analyze_trace(trace: Trace, names: list[str]) -> Analysis:
     return _result(found, [summary], names, run_dir=trace.run_dir, source=trace)
 
 
+def _start_worker() -> None:
+    """A map worker: its parent warns of skipped chunks; it keeps freed memory for reuse."""
+    chunk_gaps.quiet()
+    heap.keep_freed_memory()
+
+
 def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
                progress: Callable[[int, int], None] | None, *, small: bool = False
                ) -> list[RankSummary]:
@@ -230,7 +243,7 @@ def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
                 progress(done, len(ranks))
         return summaries
     by_piece: dict[int, list[RankSummary]] = {}
-    with ProcessPoolExecutor(max_workers=jobs, initializer=chunk_gaps.quiet) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker) as pool:
         futures = {pool.submit(map_ranks, run_dir, piece, names, highest_rank=highest): i
                    for i, piece in enumerate(pieces)}
         for future in as_completed(futures):  # progress as pieces finish, in any order
