@@ -150,16 +150,16 @@ def check_strings(data: pa.Table, *, path: Path) -> None:
 
 
 def _decoded_bound(column: pa.ChunkedArray) -> int | None:
-    """At most the bytes ``column`` decodes to: each row no longer than its whole dictionary's
-    text buffer (cheap; the exact sum is taken only when this bound is too high)."""
+    """At most the bytes ``column`` decodes to: each row no longer than its dictionary's
+    longest text (cheap: the dictionary holds the few distinct names; the exact sum, a pass
+    over every row's index, is taken only when this bound is too high)."""
     bound = 0
     for chunk in column.chunks:
         kind = chunk.dictionary.type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             return None  # another layout: no cheap bound, sum exactly
-        buffers = chunk.dictionary.buffers()
-        text = buffers[2] if len(buffers) > 2 else None
-        bound += (text.size if text is not None else 0) * len(chunk)
+        longest = pc.max(pc.binary_length(chunk.dictionary)).as_py() or 0
+        bound += longest * len(chunk)
     return bound
 
 
