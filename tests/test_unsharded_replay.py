@@ -9,6 +9,7 @@ jobs we have not run: a group issued again before its free, frees of groups neve
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -100,15 +101,20 @@ issuer = st.one_of(st.tuples(st.just("own"), st.none()),
                              st.sampled_from([*UNITS, "elsewhere"])))
 
 
+@pytest.mark.parametrize("slots", [unsharded.DENSE_PAIRS_PER_ROW, -4096])
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(row, issuer), min_size=1, max_size=40))
-def test_the_floors_on_arrays_are_the_floors_by_definition(cells: list[tuple]) -> None:
+def test_the_floors_on_arrays_are_the_floors_by_definition(slots: int,
+                                                           cells: list[tuple]) -> None:
+    """With a slot per (pass, unit), and with the pairs numbered (too many units for slots)."""
     frame = pd.DataFrame([(*r, *i) for r, i in cells],
                          columns=["rank", "step", "micro_step", "phase", "unit", "group", "event",
                                   "num_bytes", "issuer_kind", "issuer_unit"])
     for column in ("phase", "unit", "issuer_unit"):
         frame[column] = frame[column].astype("category")
-    got = unsharded._floors(frame)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unsharded, "DENSE_PAIRS_PER_ROW", slots)
+        got = unsharded._floors(frame)
     assert list(got.columns) == ["rank", "step", "micro_step", "phase", "floor"]
     assert dict(zip(got[["rank", "step", "micro_step", "phase"]].itertuples(index=False,
                                                                              name=None),

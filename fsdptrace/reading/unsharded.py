@@ -30,6 +30,8 @@ _NONE = np.empty(0, dtype=np.int64)  # a pass that held nothing at its peak
 _PASS = ["rank", "step", "micro_step", "phase"]
 TIMELINE_COLUMNS = ["rank", "seq", "t_ns", "step", "micro_step", "phase", "unit", "group",
                     "event", "num_bytes", "held_bytes"]
+# The floors take a slot per (pass, unit) while that is at most this many per row.
+DENSE_PAIRS_PER_ROW = 4
 PEAK_COLUMNS = [*_PASS, "peak_bytes", "floor_bytes", "excess_bytes", "peak_units",
                 "held_from_earlier", "largest_earlier_unit"]
 
@@ -223,16 +225,24 @@ def _floors(allgathers: pd.DataFrame) -> pd.DataFrame:
     # (pass, unit) as one integer; -1 (no issuer) never matches a unit that ran.
     span = int(max(unit.max(initial=-1), issuer.max(initial=-1))) + 2
     num_bytes = allgathers["num_bytes"].to_numpy(dtype=np.int64)
-    pair, pairs = pd.factorize(passes * span + unit + 1)
-    need = np.zeros(len(pairs), dtype=np.int64)
-    np.maximum.at(need, pair, num_bytes)
+    own = passes * span + unit + 1
     prefetched = ((allgathers["event"] == _HOLD)
                   & allgathers["issuer_kind"].isin(["prefetch", "implicit"])).to_numpy()
-    by = pd.Index(pairs).get_indexer((passes * span + issuer + 1)[prefetched])
-    found = by >= 0
-    np.add.at(need, by[found], num_bytes[prefetched][found])
-    floor = np.zeros(len(first), dtype=np.int64)
-    np.maximum.at(floor, np.asarray(pairs) // span, need)
+    extra, extra_bytes = (passes * span + issuer + 1)[prefetched], num_bytes[prefetched]
+    if len(first) * span <= DENSE_PAIRS_PER_ROW * len(own) + 4096:  # a slot per (pass, unit)
+        need = np.full(len(first) * span, -1, dtype=np.int64)  # -1: the unit did not run
+        np.maximum.at(need, own, num_bytes)
+        ran = need[extra] >= 0
+        np.add.at(need, extra[ran], extra_bytes[ran])
+        floor = need.reshape(len(first), span).max(axis=1)
+    else:  # too many units for a slot each: number the pairs that occur
+        pair, pairs = pd.factorize(own)
+        need = np.zeros(len(pairs), dtype=np.int64)
+        np.maximum.at(need, pair, num_bytes)
+        by = pd.Index(pairs).get_indexer(extra)
+        np.add.at(need, by[by >= 0], extra_bytes[by >= 0])
+        floor = np.zeros(len(first), dtype=np.int64)
+        np.maximum.at(floor, np.asarray(pairs) // span, need)
     phase = allgathers["phase"].astype("category")
     keys = [allgathers[c].to_numpy(dtype=np.int64)[first] for c in ("rank", "step", "micro_step")]
     code = phase.cat.codes.to_numpy(dtype=np.int64)[first]
