@@ -138,15 +138,15 @@ class _Replay:
         previous = first - 1
         same = (previous >= 0) & (rank[np.maximum(previous, 0)] == rank[first])
         inherited = np.where(same, held[np.maximum(previous, 0)], 0)
-        top = pd.Series(held).groupby(passes).transform("max").to_numpy()
-        at_top = held == top
-        reached = pd.Series(np.flatnonzero(at_top)).groupby(passes[at_top]).first()
-        top_of = pd.Series(top).groupby(passes).first().to_numpy()
+        top_of = np.full(len(first), np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(top_of, passes, held)
+        at_top = np.flatnonzero(held == top_of[passes])
+        reached = np.full(len(first), len(held), dtype=np.int64)  # each pass's first top row
+        np.minimum.at(reached, passes[at_top], at_top)
         rose = top_of > inherited
         self.peak = np.where(rose, top_of, inherited)
         # The row whose state is the peak; -1: nothing held (before the rank's first row).
-        self.row = np.where(rose, reached.reindex(range(len(first))).to_numpy(),
-                            np.where(same, previous, -1)).astype(np.int64)
+        self.row = np.where(rose, reached, np.where(same, previous, -1)).astype(np.int64)
         self._rank, self._key, self._issue = rank, key, issue
         self._rows = rows
         self._held: dict[int, np.ndarray] = {}
