@@ -8,9 +8,10 @@ run (2.0M events, the 2-core VM): 246k page faults and 3.3 s of system time in a
 analysis; with freed memory kept, 94k and 0.9 s, the same peak resident memory.
 
 While an analysis runs, blocks up to 32 MiB (glibc's ceiling for the threshold) come from the
-heap and the heap is not trimmed; after it, the trim threshold is left where glibc's own
-adjustment takes it in a process that frees such blocks (twice the mmap threshold), and the
-free memory is given back (``malloc_trim``). Elsewhere than glibc, nothing changes.
+heap and the heap is not trimmed. After it, both thresholds are left where glibc's own
+adjustment takes them in a process that frees such blocks (mmap at 32 MiB, trim at twice
+that), and the free memory is given back (``malloc_trim``). Elsewhere than glibc, nothing
+changes. The training process never runs this: the live checks do not go through ``analyze``.
 """
 
 from __future__ import annotations
