@@ -68,7 +68,8 @@ def wasted(allgathers: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
 def _findings(allgathers: pd.DataFrame, events: pd.DataFrame, issue: np.ndarray,
               end: np.ndarray) -> pd.DataFrame:
     """One finding per wasted issue, from the positions of the issue rows and of the rows
-    that ended them, in seq order. In plain Python over the reported rows only."""
+    that ended them, in seq order (``lives_order``). In plain Python over the reported rows
+    only."""
     order = lives_order(allgathers, issue)
     issue, end = issue[order], end[order]
     mine = {c: allgathers[c].to_numpy()[issue].tolist() for c in

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fsdptrace.reading.keys import group_ids
+from fsdptrace.reading.keys import group_ids, seq_ordered
 
 ISSUER_KINDS = ("own", "prefetch", "implicit", "manual", "recompute", "other")
 _PER_STEP = ["rank", "step", "unit"]
@@ -183,7 +183,7 @@ def ended_issues(allgathers: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     is_end = event.isin(["consume", "drop"]).to_numpy()
     life = np.flatnonzero(is_issue | is_end)
     rank, seq = allgathers["rank"].to_numpy()[life], allgathers["seq"].to_numpy()[life]
-    if not ((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (seq[1:] >= seq[:-1]))).all():
+    if not seq_ordered(rank, seq):
         life = life[np.lexsort((seq, rank))]  # rows not as written: (rank, seq) order first
     lives = group_ids(allgathers, ["rank", "unit", "group"])[life]
     before = pd.Series(life).groupby(lives).shift(1, fill_value=-1).to_numpy(dtype=np.int64)

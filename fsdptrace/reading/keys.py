@@ -168,7 +168,11 @@ def in_seq_order(frame: pd.DataFrame) -> pd.DataFrame:
     in that order already: a rank's rows are written in ``seq`` order and its files read in
     turn, so they nearly always are (the sort was a tenth of the memory ledger on deep ranks).
     """
-    rank, seq = frame["rank"].to_numpy(), frame["seq"].to_numpy()
-    if ((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (seq[1:] >= seq[:-1]))).all():
+    if seq_ordered(frame["rank"].to_numpy(), frame["seq"].to_numpy()):
         return frame
     return frame.sort_values(["rank", "seq"], kind="stable")
+
+
+def seq_ordered(rank: np.ndarray, seq: np.ndarray) -> bool:
+    """Whether rows of these ranks and seq numbers are in (rank, seq) order."""
+    return bool(((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (seq[1:] >= seq[:-1]))).all())
