@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,8 +70,15 @@ def _sh(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 300 KB tmpfs: room for a few steps of Parquet, not thirty. Always unmounted."""
+def tiny_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A 300 KB tmpfs: room for a few steps of Parquet, not thirty. Always unmounted.
+
+    The hot folders go to a root of this test's own (in ``/dev/shm`` as by default): the
+    ranks leave rows there that the full disk could not take, and any writer process that
+    starts on the host settles such stale folders into their run dirs. Another test's writer
+    did, in the middle of this one's checks (a temporary part on the full disk; reproduced by
+    sweeping in a loop beside the test: 2 failures in 3 runs).
+    """
     mount = tmp_path / "disk"
     mount.mkdir()
     if os.geteuid() != 0 or not shutil.which("mount"):
@@ -78,11 +86,15 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     mounted = _sh("mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(mount))
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()[:200]}")
+    shm = Path("/dev/shm")
+    hot = Path(tempfile.mkdtemp(prefix="fsdptrace-test-", dir=shm if shm.is_dir() else tmp_path))
+    monkeypatch.setenv(journal_hot.HOT_DIR_ENV, str(hot))
     try:
         yield mount
     finally:
         _drop_hot_folders(mount)
         _sh("umount", str(mount))
+        shutil.rmtree(hot, ignore_errors=True)
 
 
 def _drop_hot_folders(mount: Path) -> None:
@@ -215,9 +227,9 @@ def test_a_disk_that_fills_at_close_says_what_the_run_dir_lacks(
 
 def _settled(cold: Path, timeout_s: float = 30.0) -> bool:
     """Settle the dead recording's hot folder for ``cold``, as the next writer on this host
-    would, until none is left. Another job's writer may hold it (its start-up sweep): it
-    settles it, or, if it began while the disk was still full, fails and lets it go (seen in a
-    three-worker CI run), so the folder is taken again until it is gone."""
+    would, until none is left. Before the hot folders had a root of the test's own, another
+    job's writer could hold it (its start-up sweep) and fail while the disk was still full
+    (seen in a three-worker CI run); the folder is taken again until it is gone all the same."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         folder = journal_hot.hot_dir(cold, create=False)
