@@ -17,17 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from fsdptrace import RunDirError, analyze, load
 from fsdptrace.analysis.run import incomplete_ranges
-from fsdptrace.reading.trace import TABLE_NAMES, Trace
 from fsdptrace.render import text
 from fsdptrace.store import schema
 from fsdptrace.views.summary import overview
-from tests.trace_builder import ROOT, TraceBuilder, clean_run
+from tests.trace_builder import ROOT, TraceBuilder, clean_run, write_run_dir
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = [ROOT, "a", "b", "c"]
@@ -68,20 +65,6 @@ def allgather(b: TraceBuilder, rank: int, step: int, micro_step: int, unit: str,
         rank=rank, seq=b._next(rank), t_ns=0, step=step, micro_step=micro_step,
         phase=schema.FORWARD, unit=unit, group=0, event=event, issuer_kind=issuer_kind,
         issuer_unit=issuer_unit, num_bytes=64, detail=None))
-
-
-def write_run_dir(trace: Trace, run_dir: Path) -> Path:
-    """The trace as the recorder lays it out on disk, for the Arrow map step."""
-    for table in TABLE_NAMES:
-        frame = getattr(trace, table)
-        for rank, rows in frame.groupby("rank", observed=True):
-            declared = schema.with_metadata(schema.TABLES[table], rank=int(rank), version="0")
-            data = pa.Table.from_pandas(rows.drop(columns="rank"), schema=declared,
-                                        preserve_index=False)
-            where = run_dir / table / schema.RANK_DIR.format(rank=rank)
-            where.mkdir(parents=True, exist_ok=True)
-            pq.write_table(data, where / schema.PART_FILE.format(writer="t", chunk=0))
-    return run_dir
 
 
 def where(findings: pd.DataFrame) -> set[Where]:

@@ -9,13 +9,16 @@ settings one rank recorded after the other had stopped.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
+import pytest
 
 from fsdptrace import analyze
 from fsdptrace.checks.kernel.majority import against_majority, ranks_text
 from fsdptrace.reading.trace import Trace
 from fsdptrace.store import schema
-from tests.trace_builder import ROOT, TraceBuilder
+from tests.trace_builder import ROOT, TraceBuilder, write_run_dir
 
 UNITS = [ROOT, "a", "b", "c", "head"]
 FORWARD, BACKWARD = schema.FORWARD, schema.BACKWARD
@@ -109,6 +112,39 @@ def test_an_eval_stop_and_a_boundary_stop_are_places() -> None:
     assert "stopped at the boundary after optimizer step 1; no rank diverged before the " \
         "stop; it is furthest behind" in stalled.loc[1, "message"]
 
+
+
+@pytest.mark.parametrize("source", ["trace", "run_dir"])
+def test_an_order_difference_before_an_eval_stop_is_found_read_back_too(
+        source: str, tmp_path: Path) -> None:
+    """Every rank ran step 1's backward, rank 0 in another order, then an eval forward before
+    the optimizer step, and hung there. The backward passes are complete (the stops are eval
+    forwards), so check 4 reports rank 0, on the trace and on the run dir alike: the reduce
+    re-reads the orders it spells out, and read without the eval forwards, every rank seemed
+    stopped in that backward, its order cut off and dropped, and the finding with it."""
+    b = TraceBuilder(world_size=4)
+    backward = [ROOT, *reversed(UNITS[1:])]
+    for rank in range(4):
+        b.meta(rank)
+        for index, name in enumerate(UNITS):
+            b.unit(rank, name, is_root=index == 0)
+        for step in range(2):
+            b.marker(rank, step, 0, schema.MARKER_MICRO_STEP)
+            b.run(rank, step, 0, FORWARD, UNITS)
+            swapped = step == 1 and rank == 0
+            b.run(rank, step, 0, BACKWARD,
+                  [ROOT, backward[2], backward[1], *backward[3:]] if swapped else backward)
+            if step == 0:
+                b.marker(rank, step, 0, schema.MARKER_OPTIMIZER_STEP)
+        b.eval_forward(rank, 1, ROOT)
+    trace = b.build()
+    found = (analyze(trace) if source == "trace"
+             else analyze(write_run_dir(trace, tmp_path / "run"), jobs=1)).findings
+    divergence = found[found["check"] == "rank-divergence"]
+    assert list(divergence["rank"]) == [0], found[["check", "rank", "message"]]
+    assert divergence["message"].iloc[0].startswith(
+        f"rank 0 ran {backward[2]} at index 1 of step 1, micro-step 0 backward where 3 of 4 "
+        f"ranks (e.g. rank 1) ran {backward[1]}")
 
 def test_a_completed_forward_of_the_stopped_micro_step_is_compared() -> None:
     """Rank 0 died in the backward of (1, 0) after a forward that differs from rank 1 and 2's:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from fsdptrace.reading.trace import TABLE_NAMES, Trace
 from fsdptrace.store import schema
@@ -227,3 +228,17 @@ def clean_run(
         if rank in closed:
             b.marker(rank, steps, 0, schema.MARKER_CLOSE)
     return b
+
+
+def write_run_dir(trace: Trace, run_dir: Path) -> Path:
+    """The trace as the recorder lays it out on disk, for the Arrow map step."""
+    for table in TABLE_NAMES:
+        frame = getattr(trace, table)
+        for rank, rows in frame.groupby("rank", observed=True):
+            declared = schema.with_metadata(schema.TABLES[table], rank=int(rank), version="0")
+            data = pa.Table.from_pandas(rows.drop(columns="rank"), schema=declared,
+                                        preserve_index=False)
+            where = run_dir / table / schema.RANK_DIR.format(rank=rank)
+            where.mkdir(parents=True, exist_ok=True)
+            pq.write_table(data, where / schema.PART_FILE.format(writer="t", chunk=0))
+    return run_dir

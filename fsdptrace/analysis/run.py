@@ -44,6 +44,7 @@ from fsdptrace.checks import (
     stalled_rank,
 )
 from fsdptrace.checks.contract import KEPT_FRAMES, Merged
+from fsdptrace.checks.kernel.stops import STOP_TABLES
 from fsdptrace.checks.kernel.tables import RankTables
 from fsdptrace.checks.stalled_rank import NAME as STALLED_RANK
 from fsdptrace.reading import chunk_gaps, endings, flight_recorder, incomplete, reader
@@ -172,7 +173,7 @@ def orders_by_batch(run_dir: Path, needed: list[int], wanted: pd.DataFrame) -> p
     run's events (and their positions) in memory, most of triage's peak at 10,240 ranks.
     """
     ranks = sorted(set(needed))
-    tables = ("events", "markers")
+    tables = STOP_TABLES  # the orders' positions skip cut-off passes: the map step's stops
     found = [_orders({t: reader.concat_ranks([a[t] for _, a in batch], t) for t in tables},
                      wanted)
              for batch in read_batches(run_dir, ranks, tables,
