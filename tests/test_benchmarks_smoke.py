@@ -205,6 +205,29 @@ def test_quick_benchmark_runs(tmp_path: Path) -> None:
     assert "| events | ranks |" in result.stdout
 
 
+
+def test_suite_cpu_counts_the_processes_it_did_not_start(tmp_path: Path) -> None:
+    """The suite's CPU by kind of process: a child that starts a writer process in its own
+    session (as a rank does, so no one waits for it) is counted, and the command's exit status
+    passed on."""
+    spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', {spin!r}, '-m',"
+        " 'fsdptrace.record.writer_process'], start_new_session=True).wait()\n"
+        "sys.exit(3)\n")
+    out = tmp_path / "seen.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "suite_cpu.py"), "--interval", "0.05",
+         "--json", str(out), "--", sys.executable, str(launcher)],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3, result.stderr
+    rows = {line.split(" | ")[-1].rstrip(" |"): float(line.split(" | ")[0].strip("| "))
+            for line in result.stdout.splitlines() if line.startswith("| ") and "CPU-s" not in line}
+    assert rows.get("writer processes", 0) >= 0.4, result.stdout
+    assert any(p["cpu_s"] >= 0.4 for p in json.loads(out.read_text())), result.stdout
+
 def test_engines_benchmark_agrees(tiny: tuple[Path, set[tuple]]) -> None:
     """The engines benchmark on a tiny run: the engines that always exist agree, and the dead
     ranks' journal tails are named as what they cannot read."""
