@@ -44,7 +44,6 @@ from fsdptrace.checks import (
     stalled_rank,
 )
 from fsdptrace.checks.contract import KEPT_FRAMES, Merged
-from fsdptrace.checks.kernel.stops import STOP_TABLES
 from fsdptrace.checks.kernel.tables import RankTables
 from fsdptrace.checks.stalled_rank import NAME as STALLED_RANK
 from fsdptrace.reading import chunk_gaps, endings, flight_recorder, incomplete, reader
@@ -153,9 +152,10 @@ def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
                    ) -> pd.DataFrame:
     """The reduce step for a run dir, re-reading only the tables of the ranks it must."""
     check_meta(concat_field(summaries, "meta"), run_dir)
+    stops = concat_field(summaries, "last")
 
     def fetch_orders(needed: list[int], wanted: pd.DataFrame) -> pd.DataFrame:
-        return orders_by_batch(run_dir, needed, wanted)
+        return orders_by_batch(run_dir, needed, wanted, stops)
 
     def fetch_prefetch(needed: list[int]) -> pd.DataFrame:
         return read_frame(run_dir, "prefetch", needed)
@@ -164,27 +164,35 @@ def reduce_run_dir(run_dir: Path, summaries: list[RankSummary], names: list[str]
     return with_flight_recorder(run_dir, found)
 
 
-def orders_by_batch(run_dir: Path, needed: list[int], wanted: pd.DataFrame) -> pd.DataFrame:
+def orders_by_batch(run_dir: Path, needed: list[int], wanted: pd.DataFrame,
+                    stops: pd.DataFrame) -> pd.DataFrame:
     """The positioned complete orders ``wanted`` (``RankTables.orders``) of the ranks
     ``needed``, read a batch of ranks at a time, as the map step reads them.
 
     Each order asked for is one pass of a rank, but a rank's tables hold all its steps: the hang
     verdict asks for every other rank's pass, and reading those ranks at once held the whole
     run's events (and their positions) in memory, most of triage's peak at 10,240 ranks.
+
+    ``stops``: the stop points the map step found (``RankTables.stops``, from every table).
+    Which passes are cut off follows from them; computed again from the events and markers
+    read here, a rank that stopped in an eval forward right after a pass looked stopped in
+    that pass, and its order was dropped.
     """
     ranks = sorted(set(needed))
-    tables = STOP_TABLES  # the orders' positions skip cut-off passes: the map step's stops
+    tables = ("events", "markers")  # positions; how each rank ended and what it lost
     found = [_orders({t: reader.concat_ranks([a[t] for _, a in batch], t) for t in tables},
-                     wanted)
+                     wanted, stops)
              for batch in read_batches(run_dir, ranks, tables,
                                        highest_rank=reader.highest_meta_rank(run_dir))]
     if not found:  # no rank: the empty frame of the right columns
-        return _orders({t: reader.read_ranks(run_dir, t, []) for t in tables}, wanted)
+        return _orders({t: reader.read_ranks(run_dir, t, []) for t in tables}, wanted, stops)
     return pd.concat([f for f in found if len(f)] or found[:1], ignore_index=True)
 
 
-def _orders(arrow: dict[str, pa.Table], wanted: pd.DataFrame) -> pd.DataFrame:
-    return RankTables.from_arrow(arrow, lambda t: to_frame(arrow[t])).orders(wanted)
+def _orders(arrow: dict[str, pa.Table], wanted: pd.DataFrame, stops: pd.DataFrame
+            ) -> pd.DataFrame:
+    tables = RankTables.from_arrow(arrow, lambda t: to_frame(arrow[t]))
+    return tables.with_stops(stops).orders(wanted)
 
 
 def with_flight_recorder(run_dir: Path, found: pd.DataFrame) -> pd.DataFrame:

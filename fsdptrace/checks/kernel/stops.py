@@ -26,12 +26,6 @@ if TYPE_CHECKING:
     # What these functions read of checks.tables.RankTables (which imports this module).
     from fsdptrace.checks.kernel.rank_view import RankView as RankTables
 
-# The tables a stop point is read from (events, eval forwards and boundaries, and the markers
-# saying which ranks ended cleanly), and so the cut-off passes and the complete orders: a
-# reader that rebuilds them from fewer tables sees a rank that stopped in an eval forward as
-# stopped in its last pass, and drops that pass as cut off.
-STOP_TABLES = ("events", "markers", "eval_forwards")
-
 PASS = "pass"
 EVAL = "eval"
 BOUNDARY = "boundary"
