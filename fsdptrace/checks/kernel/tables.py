@@ -83,13 +83,13 @@ class RankTables:
         return stop_points(self)
 
     def with_stops(self, stops: pd.DataFrame) -> RankTables:
-        """These tables, taking their stop points from ``stops`` (``stops`` as the map step
-        computed it; rows of other ranks ignored) instead of computing them: the reduce reads
-        back only what the orders it spells out need, and the stop points come from more."""
+        """These tables, taking their stop points from ``stops`` (as the map step found them;
+        rows of other ranks ignored) instead of computing them: the reduce reads back only the
+        tables the orders it spells out need, and a stop point is found from more of them."""
         if "complete" in self.__dict__:
             raise ValueError("the complete orders were computed from other stop points")
-        ranks = set(int(r) for r in np.unique(self.events["rank"]))
-        self.__dict__["stops"] = stops[stops["rank"].isin(ranks)].reset_index(drop=True)
+        mine = stops["rank"].isin(np.unique(self.events["rank"]))
+        self.__dict__["stops"] = stops[mine].reset_index(drop=True)  # the cached property's
         return self
 
     @cached_property
