@@ -121,7 +121,9 @@ def test_an_order_difference_before_an_eval_stop_is_found_read_back_too(
     the optimizer step, and hung there. The backward passes are complete (the stops are eval
     forwards), so check 4 reports rank 0, on the trace and on the run dir alike: the reduce
     re-reads the orders it spells out, and read without the eval forwards, every rank seemed
-    stopped in that backward, its order cut off and dropped, and the finding with it."""
+    stopped in that backward, its order cut off and dropped, and the finding with it. The
+    stops come after those backwards (eval interval 1 began at boundary 0, but these evals ran
+    after step 1's passes), so the verdict names rank 0 as the cause."""
     b = TraceBuilder(world_size=4)
     backward = [ROOT, *reversed(UNITS[1:])]
     for rank in range(4):
@@ -145,6 +147,12 @@ def test_an_order_difference_before_an_eval_stop_is_found_read_back_too(
     assert divergence["message"].iloc[0].startswith(
         f"rank 0 ran {backward[2]} at index 1 of step 1, micro-step 0 backward where 3 of 4 "
         f"ranks (e.g. rank 1) ran {backward[1]}")
+    # The eval forwards ran after those backwards: the verdict traces every stop to rank 0.
+    stalled = found[found["check"] == "stalled-rank"].set_index("rank")
+    assert "root cause: this rank diverged before the stop (likely culprit), first " \
+        "rank-divergence: rank 0 ran" in stalled.loc[0, "message"]
+    for rank in (1, 2, 3):
+        assert "root cause: rank 0 diverged before the stop" in stalled.loc[rank, "message"]
 
 def test_a_completed_forward_of_the_stopped_micro_step_is_compared() -> None:
     """Rank 0 died in the backward of (1, 0) after a forward that differs from rank 1 and 2's:

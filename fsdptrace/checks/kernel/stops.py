@@ -8,7 +8,8 @@ The cut-off pass is the pass holding a stop point of a rank whose ending is not 
 stopped eval interval); the passes it completed before are checked like any other.
 
 Stop points are ordered by ``place``: an optimizer step's passes, then its boundary, then
-the eval interval after it, then the next step's passes (``keys.place_key``).
+the eval interval after it, then the next step's passes (``keys.place_key``); an eval forward
+a rank ran after passes of the next step (before its ``optimizer.step()``) comes after them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ BOUNDARY = "boundary"
 COLUMNS = ["rank", "kind", "step", "micro_step", "phase", "unit", "position", "call", "place",
            "t_ns"]
 _PHASE = {schema.FORWARD: 0, schema.BACKWARD: 1}
+_AFTER_PASSES = 2  # a micro-step's slot after its backward, before the boundary's (keys.place_key)
 
 
 def stop_points(tables: RankTables) -> pd.DataFrame:
@@ -41,14 +43,40 @@ def stop_points(tables: RankTables) -> pd.DataFrame:
     ``call`` (1-based, of that unit in the pass). eval: ``step`` is the eval interval,
     ``position`` the index in it. boundary: ``step`` is the optimizer step just closed.
     """
-    candidates = [_pass_stops(tables), _eval_stops(tables), _boundary_stops(tables)]
+    passes = _pass_stops(tables)
+    candidates = [passes, _eval_stops(tables), _boundary_stops(tables)]
     found = pd.concat([c for c in candidates if len(c)], ignore_index=True) if any(
         len(c) for c in candidates) else pd.DataFrame(columns=[*COLUMNS, "seq"])
     if not len(found):
         return found[COLUMNS]
     found = found.sort_values(["rank", "seq"]).drop_duplicates("rank", keep="last")
     found["place"] = place(found)
+    _place_evals_inside_steps(found, passes)
     return found[COLUMNS].reset_index(drop=True)
+
+
+def _place_evals_inside_steps(found: pd.DataFrame, passes: pd.DataFrame) -> None:
+    """Eval interval k follows boundary k - 1, so its place comes before step k's passes; but a
+    rank that ran passes of step k and then an eval forward (an eval before
+    ``optimizer.step()``) stopped after those passes: its place is after its last pass (after
+    its micro-step's backward, before the next micro-step and the boundary), so a divergence in
+    those passes counts as before the stop (docs/checks.md 6.1)."""
+    evals = found[found["kind"] == EVAL]
+    if not len(evals) or not len(passes):
+        return
+    last_pass = passes.drop_duplicates("rank", keep="last").set_index("rank")
+    rank = evals["rank"].astype("int64")
+    inside = rank.isin(last_pass.index).to_numpy().copy()
+    inside[inside] = (last_pass.loc[rank[inside], "step"].astype("int64").to_numpy()
+                      == evals["step"].astype("int64").to_numpy()[inside])
+    if not inside.any():
+        return
+    after = evals[inside]
+    micro = last_pass.loc[after["rank"].astype("int64"), "micro_step"].astype("int64")
+    found.loc[after.index, "place"] = keys.place_key(
+        np.full(len(after), PASS, dtype=object), after["step"].astype("int64").to_numpy(),
+        micro.to_numpy(), np.full(len(after), _AFTER_PASSES),
+        after["position"].astype("int64").to_numpy())
 
 
 def place(rows: pd.DataFrame) -> pd.Series:
