@@ -9,6 +9,7 @@ settings one rank recorded after the other had stopped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -41,6 +42,24 @@ def _job(world_size: int, stops: dict[int, list[str]], *, skip: dict[int, str] |
         b.run(rank, 1, 0, FORWARD, stops[rank])
     return b
 
+
+def _two_steps(world_size: int, *, last_boundary: bool = True,
+               backward: Callable[[int, int], list[str]] | None = None) -> TraceBuilder:
+    """Steps 0 and 1 whole on every rank, each ending at its boundary (step 1's left out
+    without ``last_boundary``); ``backward(rank, step)``: that pass's order, if not reversed."""
+    b = TraceBuilder(world_size=world_size)
+    for rank in range(world_size):
+        b.meta(rank)
+        for index, name in enumerate(UNITS):
+            b.unit(rank, name, is_root=index == 0)
+        for step in range(2):
+            b.marker(rank, step, 0, schema.MARKER_MICRO_STEP)
+            b.run(rank, step, 0, FORWARD, UNITS)
+            b.run(rank, step, 0, BACKWARD, backward(rank, step) if backward
+                  else [ROOT, *reversed(UNITS[1:])])
+            if step == 0 or last_boundary:
+                b.marker(rank, step, 0, schema.MARKER_OPTIMIZER_STEP)
+    return b
 
 def _stalled(trace: Trace) -> pd.DataFrame:
     found = analyze(trace).findings
@@ -94,16 +113,7 @@ def test_an_eval_stop_and_a_boundary_stop_are_places() -> None:
     """Rank 0 finished step 1 and stopped in its 2nd eval forward of interval 2; rank 1
     stopped right after optimizer step 1's boundary. Both are exact places, and rank 1 (at the
     boundary, before interval 2 began) is behind rank 0."""
-    b = TraceBuilder(world_size=2)
-    for rank in range(2):
-        b.meta(rank)
-        for index, name in enumerate(UNITS):
-            b.unit(rank, name, is_root=index == 0)
-        for step in range(2):
-            b.marker(rank, step, 0, schema.MARKER_MICRO_STEP)
-            b.run(rank, step, 0, FORWARD, UNITS)
-            b.run(rank, step, 0, BACKWARD, [ROOT, *reversed(UNITS[1:])])
-            b.marker(rank, step, 0, schema.MARKER_OPTIMIZER_STEP)
+    b = _two_steps(2)
     b.eval_forward(0, 2, ROOT)
     b.eval_forward(0, 2, "a")
     stalled = _stalled(b.build())
@@ -111,7 +121,6 @@ def test_an_eval_stop_and_a_boundary_stop_are_places() -> None:
             in stalled.loc[0, "message"])
     assert "stopped at the boundary after optimizer step 1; no rank diverged before the " \
         "stop; it is furthest behind" in stalled.loc[1, "message"]
-
 
 
 @pytest.mark.parametrize("source", ["trace", "run_dir"])
@@ -124,20 +133,11 @@ def test_an_order_difference_before_an_eval_stop_is_found_read_back_too(
     stopped in that backward, its order cut off and dropped, and the finding with it. The
     stops come after those backwards (eval interval 1 began at boundary 0, but these evals ran
     after step 1's passes), so the verdict names rank 0 as the cause."""
-    b = TraceBuilder(world_size=4)
     backward = [ROOT, *reversed(UNITS[1:])]
+    swapped = [ROOT, backward[2], backward[1], *backward[3:]]
+    b = _two_steps(4, last_boundary=False,
+                   backward=lambda rank, step: swapped if (rank, step) == (0, 1) else backward)
     for rank in range(4):
-        b.meta(rank)
-        for index, name in enumerate(UNITS):
-            b.unit(rank, name, is_root=index == 0)
-        for step in range(2):
-            b.marker(rank, step, 0, schema.MARKER_MICRO_STEP)
-            b.run(rank, step, 0, FORWARD, UNITS)
-            swapped = step == 1 and rank == 0
-            b.run(rank, step, 0, BACKWARD,
-                  [ROOT, backward[2], backward[1], *backward[3:]] if swapped else backward)
-            if step == 0:
-                b.marker(rank, step, 0, schema.MARKER_OPTIMIZER_STEP)
         b.eval_forward(rank, 1, ROOT)
     trace = b.build()
     found = (analyze(trace) if source == "trace"
