@@ -30,7 +30,7 @@ from fsdptrace.checks.contract import KEPT_FRAMES, Kept
 from fsdptrace.checks.kernel import rank_runs
 from fsdptrace.checks.kernel.order import GROUP
 from fsdptrace.checks.kernel.tables import RankTables
-from fsdptrace.reading import chunk_gaps, endings, incomplete, reader
+from fsdptrace.reading import chunk_gaps, endings, reader
 from fsdptrace.reading.trace import TABLE_NAMES, check_meta, to_frame
 
 # A map-step batch grows until it holds this many rows or ranks (``map_ranks``): big enough
@@ -57,8 +57,6 @@ class RankSummary(Kept):
     # Chunks this rank's read skipped as unreadable: a worker process hands them to its parent,
     # which warns once for each.
     skipped: list[chunk_gaps.SkippedChunk] = field(default_factory=list)
-    # Where this rank lost rows (``checks.incomplete.COLUMNS``): what no check looked at.
-    incomplete: pd.DataFrame = field(default_factory=incomplete.empty)
 
 
 def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) -> RankSummary:
@@ -112,7 +110,7 @@ def combine(summaries: list[RankSummary]) -> RankSummary:
     ranks at hundreds of steps), and a run per batch and slot would grow with the steps."""
     unit_sets = concat_field(summaries, "unit_sets")
     return RankSummary(**{name: concat_field(summaries, name, unit_sets)
-                          for name in (*KEPT_FRAMES, "findings", "incomplete")},
+                          for name in (*KEPT_FRAMES, "findings")},
                        ranks=[r for s in summaries for r in s.ranks],
                        summaries=concat_summaries(summaries, unit_sets),
                        skipped=[c for s in summaries for c in s.skipped])

@@ -33,6 +33,9 @@ class Kept:
     last: pd.DataFrame
     ends: pd.DataFrame
     meta: pd.DataFrame
+    # Where each rank's writer lost rows (``reading.incomplete.COLUMNS``): what no check
+    # looked at, and what the hang verdict must not read as a rank skipping a pass.
+    incomplete: pd.DataFrame
     ranks: list[int]
     # Per across-ranks check with a ``summarize``: what it keeps of each rank.
     summaries: dict[str, pd.DataFrame] = field(default_factory=dict)
