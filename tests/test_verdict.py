@@ -154,6 +154,91 @@ def test_an_order_difference_before_an_eval_stop_is_found_read_back_too(
     for rank in (1, 2, 3):
         assert "root cause: rank 0 diverged before the stop" in stalled.loc[rank, "message"]
 
+def _left_out(world_size: int, *, skipper: int = 1, aborted: bool = False) -> TraceBuilder:
+    """Step 0 whole; in step 1 every rank runs micro-step 0's forward, then ``skipper`` goes
+    on to micro-step 1's forward (stopping at ``b``) without a backward, ``aborted`` telling
+    (``reset_iter_state()``), while the others stop at the root in micro-step 0's backward."""
+    b = TraceBuilder(world_size=world_size)
+    for rank in range(world_size):
+        b.meta(rank)
+        for index, name in enumerate(UNITS):
+            b.unit(rank, name, is_root=index == 0)
+        b.marker(rank, 0, 0, schema.MARKER_MICRO_STEP)
+        b.run(rank, 0, 0, FORWARD, UNITS)
+        b.run(rank, 0, 0, BACKWARD, [ROOT, *reversed(UNITS[1:])])
+        b.marker(rank, 0, 0, schema.MARKER_OPTIMIZER_STEP)
+        b.marker(rank, 1, 0, schema.MARKER_MICRO_STEP)
+        b.run(rank, 1, 0, FORWARD, UNITS)
+        if rank != skipper:
+            b.run(rank, 1, 0, BACKWARD, [ROOT])
+            continue
+        if aborted:
+            b.marker(rank, 1, 0, schema.MARKER_ABORTED)
+        b.marker(rank, 1, 1, schema.MARKER_MICRO_STEP)
+        b.run(rank, 1, 1, FORWARD, [ROOT, "a", "b"])
+    return b
+
+
+@pytest.mark.parametrize("source", ["trace", "run_dir"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_backward_left_out_is_the_root_cause(source: str, world_size: int,
+                                              tmp_path: Path) -> None:
+    """A rank that skipped a backward (a bad loss) went on past a pass the others stopped in:
+    with 4 ranks it is the culprit; with 2, both sides are given. No order differs, and the
+    skipper is furthest ahead: without this, the verdict blamed the ranks that waited."""
+    trace = _left_out(world_size).build()
+    found = (analyze(trace) if source == "trace"
+             else analyze(write_run_dir(trace, tmp_path / "run"), jobs=1)).findings
+    assert set(found["check"]) == {"stalled-rank"}, found[["check", "rank", "message"]]
+    stalled = found.set_index("rank")["message"]
+    last = "(rank 1's last record: step 1, micro-step 1, forward, last unit entered b"
+    for rank in range(world_size):
+        if world_size == 2:
+            assert ("the ranks diverged before the stop with no majority (ranks 0, 1 each "
+                    "differ from another side), first a pass skipped: rank 0 ran step 1, "
+                    "micro-step 0, backward; rank 1 recorded nothing of it yet went on past "
+                    f"it {last}") in stalled[rank]
+        else:
+            who = "this rank" if rank == 1 else "rank 1"
+            assert (f"root cause: {who} diverged before the stop (likely culprit), first a "
+                    "pass skipped: rank 1 recorded nothing of step 1, micro-step 0, backward "
+                    f"yet went on past it {last}") in stalled[rank]
+            assert "where 3 of 4 ranks (e.g. rank 0) ran it" in stalled[rank]
+
+
+def test_a_micro_step_more_on_one_rank_is_the_root_cause() -> None:
+    """Rank 2 of 4 ran three micro-steps in step 1, the others two, and all stopped in step
+    2's first forward: every pass compared is alike, but rank 2 ran two the others went past."""
+    b = TraceBuilder(world_size=4)
+    for rank in range(4):
+        b.meta(rank)
+        for index, name in enumerate(UNITS):
+            b.unit(rank, name, is_root=index == 0)
+        for step in range(2):
+            for micro in range(3 if (rank, step) == (2, 1) else 2):
+                b.marker(rank, step, micro, schema.MARKER_MICRO_STEP)
+                b.run(rank, step, micro, FORWARD, UNITS)
+                b.run(rank, step, micro, BACKWARD, [ROOT, *reversed(UNITS[1:])])
+            b.marker(rank, step, 0, schema.MARKER_OPTIMIZER_STEP)
+        b.marker(rank, 2, 0, schema.MARKER_MICRO_STEP)
+        b.run(rank, 2, 0, FORWARD, [ROOT, "a"])
+    stalled = _stalled(b.build())["message"]
+    for rank in range(4):
+        assert ("first a pass skipped: rank 2 ran step 1, micro-step 2, forward where 3 of 4 "
+                "ranks (e.g. rank 0) recorded nothing of it and went on past it (rank 0's last "
+                "record: step 2, micro-step 0, forward") in stalled[rank]
+    assert "root cause: this rank diverged" in stalled[2]
+
+
+def test_an_aborted_micro_step_is_no_skipped_pass() -> None:
+    """The same stops, but the rank that left the backward out said so (``reset_iter_state()``
+    aborted the micro-step): nothing is known of that pass on it, so no rank is blamed for
+    skipping it; the verdict falls back to the rank furthest behind."""
+    stalled = _stalled(_left_out(4, aborted=True).build())["message"]
+    assert not stalled.str.contains("a pass skipped").any(), stalled.to_list()
+    assert "no rank diverged before the stop; it is furthest behind" in stalled[0]
+
+
 def test_a_completed_forward_of_the_stopped_micro_step_is_compared() -> None:
     """Rank 0 died in the backward of (1, 0) after a forward that differs from rank 1 and 2's:
     rank-divergence reports it (only the backward is cut off), and the verdict names it."""

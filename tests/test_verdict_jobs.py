@@ -22,7 +22,8 @@ from tests.jobs import assert_ok, case_result, how_terminated, kill_all, run_ran
 pytestmark = [pytest.mark.slow]
 
 SCRIPT = "tests/jobs_scripts/verdict_job.py"
-CASES = ["drop_expert", "skip_layer", "extra_eval", "eval_rank0", "nosync_stall", "dead_edge"]
+CASES = ["drop_expert", "skip_layer", "extra_eval", "eval_rank0", "nosync_stall", "dead_edge",
+         "skip_backward", "extra_micro_step"]
 
 
 def _run(out: Path, case: str, *, nproc: int = 2) -> Path:
@@ -137,6 +138,46 @@ def test_eval_on_rank_0_only(tmp_path: Path) -> None:
                 "from another side), first inside the stopped eval interval (eval interval 1"
                 in message)
         assert "rank 0 ran <root> at index 0 where rank 1 (no majority" in message
+
+
+def test_a_backward_left_out_on_one_rank(tmp_path: Path) -> None:
+    """Rank 1 of 4 skips step 1's backward and optimizer step (a bad loss) and runs the next
+    forward. Its all-gathers pair with the others' backward collectives (same shapes) until
+    every rank times out (8 s): ranks 0, 2 and 3 in the backward of (1, 0), rank 1 in the
+    forward of (1, 1). No order differs (rank 1 has no backward to compare); the verdict names
+    rank 1, which went on past a pass the others ran, not a rank that waited."""
+    run_dir = _run(tmp_path, "skip_backward", nproc=4)
+    assert case_result(run_dir, 1)["skipped"] == 1
+    found = fsdptrace.analyze(run_dir).findings
+    assert set(found["check"]) == {"stalled-rank"}, found[["check", "message"]].to_string()
+    stalled = _stalled(found)
+    assert set(stalled) == {0, 1, 2, 3}
+    cause = ("first a pass skipped: rank 1 recorded nothing of step 1, micro-step 0, backward "
+             "yet went on past it (rank 1's last record: step 1, micro-step 1, forward")
+    assert "root cause: this rank diverged before the stop (likely culprit), " + cause \
+        in stalled[1]
+    for rank in (0, 2, 3):
+        assert "stopped at step 1, micro-step 0, backward" in stalled[rank]
+        assert "root cause: rank 1 diverged before the stop (likely culprit), " + cause \
+            in stalled[rank]
+        assert "where 3 of 4 ranks (e.g. rank 0) ran it" in stalled[rank]
+
+
+def test_a_micro_step_more_on_one_rank(tmp_path: Path) -> None:
+    """Rank 0 of 4 accumulates three micro-steps in step 1, the others two. gloo pairs its
+    extra micro-step's collectives with the others' next ones (same shapes), so ranks 1-3
+    finish training and close their recordings cleanly on wrongly exchanged data; rank 0,
+    one micro-step behind, times out in step 2's last forward. The verdict names rank 0 for
+    the micro-step it ran that the others never did, not merely as the rank left behind."""
+    run_dir = _run(tmp_path, "extra_micro_step", nproc=4)
+    assert [case_result(run_dir, rank)["done"] for rank in (1, 2, 3)] == [[2, 1]] * 3
+    found = fsdptrace.analyze(run_dir).findings
+    assert set(found["check"]) == {"stalled-rank"}, found[["check", "message"]].to_string()
+    stalled = _stalled(found)
+    assert list(stalled) == [0]
+    assert ("root cause: this rank diverged before the stop (likely culprit), first a pass "
+            "skipped: rank 0 ran step 1, micro-step 2, forward where 3 of 4 ranks (e.g. rank "
+            "1) recorded nothing of it and went on past it") in stalled[0]
 
 
 def test_an_edge_dead_for_two_reasons(tmp_path: Path) -> None:

@@ -18,9 +18,14 @@ import pandas as pd
 
 from fsdptrace.checks import findings
 from fsdptrace.checks.contract import ACROSS_RANKS, Check, Merged
-from fsdptrace.checks.kernel import stops
+from fsdptrace.checks.kernel import skipped_passes, stops
 from fsdptrace.checks.kernel.collective_counts import collective_count_differences
-from fsdptrace.checks.kernel.majority import NO_MAJORITY, against_majority, compared_with
+from fsdptrace.checks.kernel.majority import (
+    NO_MAJORITY,
+    against_majority,
+    compared_with,
+    ranks_text,
+)
 from fsdptrace.checks.kernel.order import END, GROUP, first_difference_of
 from fsdptrace.reading import endings
 
@@ -279,10 +284,48 @@ def _from_collective_counts(merged: Merged, stalled: pd.DataFrame) -> Cause | No
     return Cause(int(row["place"]), ranks, tied, what)
 
 
+def _from_skipped_passes(merged: Merged, stalled: pd.DataFrame) -> Cause | None:
+    """docs/checks.md 6.1: a pass some ranks ran and others went past without recording any
+    of (``kernel.skipped_passes``): a backward left out, a micro-step more or fewer."""
+    inside = stalled[stalled["kind"] == stops.PASS][["rank", "step", "micro_step", "phase"]]
+    found = skipped_passes.first_skipped(merged.signatures, merged.unit_sets, merged.last,
+                                         merged.incomplete, inside,
+                                         until=int(stalled["place"].min()))
+    if found is None:
+        return None
+    ran, skipped = found.ran, found.skipped
+    where = f"step {found.step}, micro-step {found.micro_step}, {found.phase}"
+    total = len(ran) + len(skipped)
+    went = (f"(rank {skipped[0]}'s last record: "
+            f"{_last_record(merged, skipped[0])})")
+    if len(skipped) < len(ran):
+        culprits, tied = skipped, False
+        what = (f"{ranks_text(skipped)} recorded nothing of {where} yet went on past it {went} "
+                f"where {len(ran)} of {total} ranks (e.g. rank {ran[0]}) ran it")
+    elif len(ran) < len(skipped):
+        culprits, tied = ran, False
+        what = (f"{ranks_text(ran)} ran {where} where {len(skipped)} of {total} ranks (e.g. rank "
+                f"{skipped[0]}) recorded nothing of it and went on past it {went}")
+    else:
+        culprits, tied = sorted(ran + skipped), True
+        what = (f"{ranks_text(ran)} ran {where}; {ranks_text(skipped)} recorded nothing of it yet "
+                f"went on past it {went} ({NO_MAJORITY}: the {total} ranks disagree; neither "
+                "side is the outlier by its rank number)")
+    place = stops.place(pd.DataFrame({"kind": [stops.PASS], "step": [found.step],
+                                      "micro_step": [found.micro_step],
+                                      "phase": [found.phase], "position": [0]})).iloc[0]
+    return Cause(int(place), tuple(culprits), tied, "a pass skipped: " + what)
+
+
+def _last_record(merged: Merged, rank: int) -> str:
+    return str(stops.describe(merged.last[merged.last["rank"].astype("int64") == rank]).iloc[0])
+
+
 CAUSE_FINDERS: tuple[Callable[[Merged, pd.DataFrame], Cause | None], ...] = (
     _from_divergence_checks,
     _from_stopped_passes,
     _from_collective_counts,
+    _from_skipped_passes,
 )
 
 

@@ -181,9 +181,36 @@ def dead_edge(net: Net, optimizer: Any, rank: int, clean: bool, out: Path,
     optimizer.zero_grad()
 
 
+def skip_backward(net: Net, optimizer: Any, rank: int, clean: bool, out: Path,
+                  seen: dict[str, Any]) -> None:
+    """Rank 1 finds its loss bad in step 1 and goes on to the next batch without a backward
+    (nor an optimizer step): a common guard against NaN losses, when only one rank sees it."""
+    for step in range(3):
+        loss = net(batch()).sum()
+        if not clean and rank == 1 and step == 1:
+            seen["skipped"] = step
+            continue
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seen["done"] = step
+
+
+def extra_micro_step(net: Net, optimizer: Any, rank: int, clean: bool, out: Path,
+                     seen: dict[str, Any]) -> None:
+    """Two micro-steps a step, but rank 0 accumulates three in step 1 (uneven data)."""
+    for step in range(3):
+        for micro in range(3 if not clean and rank == 0 and step == 1 else 2):
+            net(batch()).sum().backward()
+            seen["done"] = [step, micro]
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 CASES: dict[str, Callable[..., None]] = {
     "drop_expert": drop_expert, "skip_layer": skip_layer, "extra_eval": extra_eval,
     "eval_rank0": eval_rank0, "nosync_stall": nosync_stall, "dead_edge": dead_edge,
+    "skip_backward": skip_backward, "extra_micro_step": extra_micro_step,
 }
 HANGS = {"skip_layer", "nosync_stall"}
 
