@@ -196,13 +196,13 @@ def test_a_backward_left_out_is_the_root_cause(source: str, world_size: int,
         if world_size == 2:
             assert ("the ranks diverged before the stop with no majority (ranks 0, 1 each "
                     "differ from another side), first a pass skipped: rank 0 ran step 1, "
-                    "micro-step 0, backward; rank 1 recorded nothing of it yet went on past "
+                    "micro-step 0, backward; rank 1 recorded nothing of it and went on past "
                     f"it {last}") in stalled[rank]
         else:
             who = "this rank" if rank == 1 else "rank 1"
             assert (f"root cause: {who} diverged before the stop (likely culprit), first a "
                     "pass skipped: rank 1 recorded nothing of step 1, micro-step 0, backward "
-                    f"yet went on past it {last}") in stalled[rank]
+                    f"and went on past it {last}") in stalled[rank]
             assert "where 3 of 4 ranks (e.g. rank 0) ran it" in stalled[rank]
 
 
@@ -228,6 +228,44 @@ def test_a_micro_step_more_on_one_rank_is_the_root_cause() -> None:
                 "ranks (e.g. rank 0) recorded nothing of it and went on past it (rank 0's last "
                 "record: step 2, micro-step 0, forward") in stalled[rank]
     assert "root cause: this rank diverged" in stalled[2]
+
+
+@pytest.mark.parametrize("majority", ["ran", "ended"])
+def test_a_rank_that_ended_early_is_the_root_cause(majority: str) -> None:
+    """Rank 1 of 4 closed its recording cleanly after step 0 (it stopped training early, or
+    its data ran out) while the others went on and stopped in step 1's forward: every rank
+    that stopped did so at one place, which read as a stall below ``a`` (device, network).
+    The rank that ended ran none of step 1: it is the culprit. With the majority ended, the
+    one rank that went on is."""
+    ended = {1} if majority == "ran" else {0, 1, 2}
+    b = TraceBuilder(world_size=4)
+    for rank in range(4):
+        b.meta(rank)
+        for index, name in enumerate(UNITS):
+            b.unit(rank, name, is_root=index == 0)
+        b.marker(rank, 0, 0, schema.MARKER_MICRO_STEP)
+        b.run(rank, 0, 0, FORWARD, UNITS)
+        b.run(rank, 0, 0, BACKWARD, [ROOT, *reversed(UNITS[1:])])
+        b.marker(rank, 0, 0, schema.MARKER_OPTIMIZER_STEP)
+        if rank in ended:
+            b.marker(rank, 1, 0, schema.MARKER_CLOSE)
+            continue
+        b.marker(rank, 1, 0, schema.MARKER_MICRO_STEP)
+        b.run(rank, 1, 0, FORWARD, [ROOT, "a"])
+    stalled = _stalled(b.build())["message"]
+    assert sorted(stalled.index) == sorted(set(range(4)) - ended)
+    for message in stalled:
+        assert "stall is inside" not in message
+        if majority == "ran":
+            assert ("root cause: rank 1 diverged before the stop (likely culprit), first a "
+                    "pass skipped: rank 1 recorded nothing of step 1, micro-step 0, forward and "
+                    "ended its recording cleanly before it (rank 1's last record: the boundary "
+                    "after optimizer step 0) where 3 of 4 ranks (e.g. rank 0) ran it") in message
+        else:
+            assert ("root cause: this rank diverged before the stop (likely culprit), first a "
+                    "pass skipped: rank 3 ran step 1, micro-step 0, forward where 3 of 4 ranks "
+                    "(e.g. rank 0) recorded nothing of it and ended its recording cleanly "
+                    "before it") in message
 
 
 def test_an_aborted_micro_step_is_no_skipped_pass() -> None:

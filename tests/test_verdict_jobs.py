@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow]
 
 SCRIPT = "tests/jobs_scripts/verdict_job.py"
 CASES = ["drop_expert", "skip_layer", "extra_eval", "eval_rank0", "nosync_stall", "dead_edge",
-         "skip_backward", "extra_micro_step"]
+         "skip_backward", "extra_micro_step", "early_stop"]
 
 
 def _run(out: Path, case: str, *, nproc: int = 2) -> Path:
@@ -153,7 +153,7 @@ def test_a_backward_left_out_on_one_rank(tmp_path: Path) -> None:
     stalled = _stalled(found)
     assert set(stalled) == {0, 1, 2, 3}
     cause = ("first a pass skipped: rank 1 recorded nothing of step 1, micro-step 0, backward "
-             "yet went on past it (rank 1's last record: step 1, micro-step 1, forward")
+             "and went on past it (rank 1's last record: step 1, micro-step 1, forward")
     assert "root cause: this rank diverged before the stop (likely culprit), " + cause \
         in stalled[1]
     for rank in (0, 2, 3):
@@ -178,6 +178,26 @@ def test_a_micro_step_more_on_one_rank(tmp_path: Path) -> None:
     assert ("root cause: this rank diverged before the stop (likely culprit), first a pass "
             "skipped: rank 0 ran step 1, micro-step 2, forward where 3 of 4 ranks (e.g. rank "
             "1) recorded nothing of it and went on past it") in stalled[0]
+
+
+def test_a_rank_that_stops_training_early(tmp_path: Path) -> None:
+    """Rank 1 of 4 leaves the loop after step 1 (a local early-stopping rule) and its
+    recording closes cleanly; it goes on to the job's final barrier, which no other rank
+    reaches, and ranks 0, 2 and 3 time out (8 s) in the first all-gather of step 2, all at one
+    place. Before, that read as a stall below ``layers.0`` (device, network); the verdict now
+    names rank 1, which ran none of step 2."""
+    run_dir = _run(tmp_path, "early_stop", nproc=4)
+    assert case_result(run_dir, 1) == {"error": None, "done": 1}
+    found = fsdptrace.analyze(run_dir).findings
+    assert set(found["check"]) == {"stalled-rank"}, found[["check", "message"]].to_string()
+    stalled = _stalled(found)
+    assert set(stalled) == {0, 2, 3}
+    for message in stalled.values():
+        assert "stopped at step 2, micro-step 0, forward, last unit entered" in message
+        assert ("root cause: rank 1 diverged before the stop (likely culprit), first a pass "
+                "skipped: rank 1 recorded nothing of step 2, micro-step 0, forward and ended "
+                "its recording cleanly before it (rank 1's last record: the boundary after "
+                "optimizer step 1) where 3 of 4 ranks (e.g. rank 0) ran it") in message
 
 
 def test_an_edge_dead_for_two_reasons(tmp_path: Path) -> None:

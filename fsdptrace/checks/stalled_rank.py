@@ -285,40 +285,40 @@ def _from_collective_counts(merged: Merged, stalled: pd.DataFrame) -> Cause | No
 
 
 def _from_skipped_passes(merged: Merged, stalled: pd.DataFrame) -> Cause | None:
-    """docs/checks.md 6.1: a pass some ranks ran and others went past without recording any
-    of (``kernel.skipped_passes``): a backward left out, a micro-step more or fewer."""
+    """docs/checks.md 6.1: a pass some ranks ran and others went past, or ended cleanly
+    before, without recording any of it (``kernel.skipped_passes``): a backward left out, a
+    micro-step more or fewer, a rank that stopped training early."""
     inside = stalled[stalled["kind"] == stops.PASS][["rank", "step", "micro_step", "phase"]]
+    ended = endings.clean_ranks(merged.ends, merged.ranks)
     found = skipped_passes.first_skipped(merged.signatures, merged.unit_sets, merged.last,
-                                         merged.incomplete, inside,
+                                         merged.incomplete, inside, ended,
                                          until=int(stalled["place"].min()))
     if found is None:
         return None
     ran, skipped = found.ran, found.skipped
     where = f"step {found.step}, micro-step {found.micro_step}, {found.phase}"
     total = len(ran) + len(skipped)
-    went = (f"(rank {skipped[0]}'s last record: "
-            f"{_last_record(merged, skipped[0])})")
+    place = int(stops.place(pd.DataFrame({"kind": [stops.PASS], "step": [found.step],
+                                          "micro_step": [found.micro_step],
+                                          "phase": [found.phase], "position": [0]})).iloc[0])
+    last = merged.last[merged.last["rank"].astype("int64") == skipped[0]]
+    left = ("ended its recording cleanly before it" if skipped[0] in ended
+            and int(last["place"].iloc[0]) < place else "went on past it")
+    left += f" (rank {skipped[0]}'s last record: {stops.describe(last).iloc[0]})"
     if len(skipped) < len(ran):
         culprits, tied = skipped, False
-        what = (f"{ranks_text(skipped)} recorded nothing of {where} yet went on past it {went} "
-                f"where {len(ran)} of {total} ranks (e.g. rank {ran[0]}) ran it")
+        what = (f"{ranks_text(skipped)} recorded nothing of {where} and {left} where "
+                f"{len(ran)} of {total} ranks (e.g. rank {ran[0]}) ran it")
     elif len(ran) < len(skipped):
         culprits, tied = ran, False
-        what = (f"{ranks_text(ran)} ran {where} where {len(skipped)} of {total} ranks (e.g. rank "
-                f"{skipped[0]}) recorded nothing of it and went on past it {went}")
+        what = (f"{ranks_text(ran)} ran {where} where {len(skipped)} of {total} ranks (e.g. "
+                f"rank {skipped[0]}) recorded nothing of it and {left}")
     else:
         culprits, tied = sorted(ran + skipped), True
-        what = (f"{ranks_text(ran)} ran {where}; {ranks_text(skipped)} recorded nothing of it yet "
-                f"went on past it {went} ({NO_MAJORITY}: the {total} ranks disagree; neither "
-                "side is the outlier by its rank number)")
-    place = stops.place(pd.DataFrame({"kind": [stops.PASS], "step": [found.step],
-                                      "micro_step": [found.micro_step],
-                                      "phase": [found.phase], "position": [0]})).iloc[0]
-    return Cause(int(place), tuple(culprits), tied, "a pass skipped: " + what)
-
-
-def _last_record(merged: Merged, rank: int) -> str:
-    return str(stops.describe(merged.last[merged.last["rank"].astype("int64") == rank]).iloc[0])
+        what = (f"{ranks_text(ran)} ran {where}; {ranks_text(skipped)} recorded nothing of it "
+                f"and {left} ({NO_MAJORITY}: the {total} ranks disagree; neither side is the "
+                "outlier by its rank number)")
+    return Cause(place, tuple(culprits), tied, "a pass skipped: " + what)
 
 
 CAUSE_FINDERS: tuple[Callable[[Merged, pd.DataFrame], Cause | None], ...] = (

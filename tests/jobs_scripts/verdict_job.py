@@ -207,10 +207,24 @@ def extra_micro_step(net: Net, optimizer: Any, rank: int, clean: bool, out: Path
         optimizer.zero_grad()
 
 
+def early_stop(net: Net, optimizer: Any, rank: int, clean: bool, out: Path,
+               seen: dict[str, Any]) -> None:
+    """Three steps, but rank 1 decides on its own (an early-stopping rule on its local loss)
+    to stop after step 1, and leaves the loop: its recording closes cleanly."""
+    for step in range(3):
+        net(batch()).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seen["done"] = step
+        if not clean and rank == 1 and step == 1:
+            break
+
+
 CASES: dict[str, Callable[..., None]] = {
     "drop_expert": drop_expert, "skip_layer": skip_layer, "extra_eval": extra_eval,
     "eval_rank0": eval_rank0, "nosync_stall": nosync_stall, "dead_edge": dead_edge,
     "skip_backward": skip_backward, "extra_micro_step": extra_micro_step,
+    "early_stop": early_stop,
 }
 HANGS = {"skip_layer", "nosync_stall"}
 

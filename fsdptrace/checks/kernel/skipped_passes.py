@@ -6,13 +6,14 @@ accumulation), issues FSDP collectives the other ranks do not: they pair with th
 partners, and the job hangs or aborts. No order differs (the skipped pass has no order on the
 rank that skipped it), so check 4 sees nothing; what differs is which passes each rank ran.
 
-A rank *reached* a pass when its last record (its stop point, or where it ended) is at or
-after the pass's first place (``keys.place_key``); it *ran* the pass when it recorded any of
-it: a complete order (the map step's signatures) or its own stop inside it. A rank that
-reached a pass without running it skipped it, unless its writer lost that micro-step or
-``reset_iter_state()`` aborted it (``reading.incomplete``: then nothing is known). Counted from
-the signatures' runs of ranks, so nothing grows with ranks x passes; only a pass with a skip
-is spelled out rank by rank.
+A rank *reached* a pass when its last record (its stop point) is at or after the pass's first
+place (``keys.place_key``), or when it ended cleanly: it runs no pass after that, so one the
+others ran after its end is one it left out (a rank that stops training early, one whose data
+ran out). It *ran* the pass when it recorded any of it: a complete order (the map step's
+signatures) or its own stop inside it. A rank that reached a pass without running it skipped
+it, unless its writer lost that micro-step or ``reset_iter_state()`` aborted it
+(``reading.incomplete``: then nothing is known). Counted from the signatures' runs of ranks,
+so nothing grows with ranks x passes; only a pass with a skip is spelled out rank by rank.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fsdptrace.checks.kernel import stops
 from fsdptrace.reading import incomplete
 
 _KEYS = ["unit_set", "step", "micro_step", "phase"]
+_EVERY_PASS = np.iinfo(np.int64).max  # the place a rank that ended cleanly reached
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,14 @@ class SkippedPass:
 
 
 def first_skipped(signatures: pd.DataFrame, unit_sets: pd.DataFrame, last: pd.DataFrame,
-                  lost: pd.DataFrame, inside: pd.DataFrame, until: int) -> SkippedPass | None:
+                  lost: pd.DataFrame, inside: pd.DataFrame, ended: set[int], until: int
+                  ) -> SkippedPass | None:
     """The first pass beginning at or before place ``until`` that some rank skipped.
 
     ``signatures``: complete orders as runs of ranks (``Kept.signatures``); ``last``: every
     rank's last record (``stops.stop_points``); ``lost``: incomplete ranges; ``inside``: the
-    ranks stopped inside a pass (``rank, step, micro_step, phase``), which ran it too.
+    ranks stopped inside a pass (``rank, step, micro_step, phase``), which ran it too;
+    ``ended``: the ranks that ended cleanly, which reached every pass.
     """
     sets = unit_sets.assign(rank=unit_sets["rank"].astype("int64"))
     runs = _ran_runs(signatures, sets, inside)
@@ -54,8 +58,9 @@ def first_skipped(signatures: pd.DataFrame, unit_sets: pd.DataFrame, last: pd.Da
         return None
     runs = runs[runs["start"] <= until]
     reached = last.dropna(subset=["place"])[["rank", "place"]]
-    reached = reached.assign(rank=reached["rank"].astype("int64"),
-                             place=reached["place"].astype("int64")).merge(sets, on="rank")
+    rank = reached["rank"].astype("int64")
+    reached = reached.assign(rank=rank, place=reached["place"].astype("int64").where(
+        ~rank.isin(list(ended)), _EVERY_PASS)).merge(sets, on="rank")
     passes = runs.groupby(_KEYS, sort=False).agg(ran=("num_ranks", "sum"),
                                                  start=("start", "first")).reset_index()
     passes = passes.assign(reached=_count_reached(passes, reached)).sort_values("start")
