@@ -268,6 +268,51 @@ def test_a_rank_that_ended_early_is_the_root_cause(majority: str) -> None:
                     "before it") in message
 
 
+def _wrapped(world_size: int, units: Callable[[int], dict[str, list[str]]]) -> TraceBuilder:
+    """Step 0 whole with ``units(rank)`` (name -> parameter names, the root first); every
+    rank stops at the root's backward of step 1."""
+    b = TraceBuilder(world_size=world_size)
+    for rank in range(world_size):
+        b.meta(rank)
+        mine = units(rank)
+        for index, (name, params) in enumerate(mine.items()):
+            b.unit(rank, name, is_root=index == 0, param_names=params)
+        order = list(mine)
+        b.marker(rank, 0, 0, schema.MARKER_MICRO_STEP)
+        b.run(rank, 0, 0, FORWARD, order)
+        b.run(rank, 0, 0, BACKWARD, [order[0], *reversed(order[1:])])
+        b.marker(rank, 0, 0, schema.MARKER_OPTIMIZER_STEP)
+        b.marker(rank, 1, 0, schema.MARKER_MICRO_STEP)
+        b.run(rank, 1, 0, FORWARD, order)
+        b.run(rank, 1, 0, BACKWARD, [order[0]])
+    return b
+
+
+def test_a_model_wrapped_differently_on_one_rank_is_the_root_cause() -> None:
+    """Rank 2 of 4 did not wrap ``head`` as a unit (its root holds head's parameters): every
+    FSDP collective after differs, and ranks of other unit sets are never compared, so the
+    verdict read the same stop on every rank as a stall below the root. The parameters are
+    the same on every rank, so the units are what differs: rank 2 is the culprit."""
+    full = {name: [f"{name}.weight"] for name in UNITS}
+    merged = {ROOT: [f"{ROOT}.weight", "head.weight"],
+              **{n: [f"{n}.weight"] for n in UNITS[1:-1]}}
+    stalled = _stalled(_wrapped(4, lambda rank: merged if rank == 2 else full).build())
+    for rank, message in stalled["message"].items():
+        who = "this rank" if rank == 2 else "rank 2"
+        assert (f"root cause: {who} diverged before the stop (likely culprit), first FSDP "
+                "units wrapped differently: rank 2 holds the same parameters as 3 of 4 ranks "
+                "(e.g. rank 0) in other units (no unit head: 4 units against 5)") in message
+
+
+def test_pipeline_stages_are_not_a_different_wrapping() -> None:
+    """Ranks 0-1 hold stage 0 (``a``, ``b``), ranks 2-3 stage 1 (``c``, ``head``): other
+    parameters, so no stage is said to wrap the model differently."""
+    stages = [{ROOT: [f"{ROOT}.0"], "a": ["a.weight"], "b": ["b.weight"]},
+              {ROOT: [f"{ROOT}.1"], "c": ["c.weight"], "head": ["head.weight"]}]
+    stalled = _stalled(_wrapped(4, lambda rank: stages[rank // 2]).build())["message"]
+    assert not stalled.str.contains("wrapped differently").any(), stalled.to_list()
+
+
 def test_an_aborted_micro_step_is_no_skipped_pass() -> None:
     """The same stops, but the rank that left the backward out said so (``reset_iter_state()``
     aborted the micro-step): nothing is known of that pass on it, so no rank is blamed for

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow]
 
 SCRIPT = "tests/jobs_scripts/verdict_job.py"
 CASES = ["drop_expert", "skip_layer", "extra_eval", "eval_rank0", "nosync_stall", "dead_edge",
-         "skip_backward", "extra_micro_step", "early_stop"]
+         "skip_backward", "extra_micro_step", "early_stop", "wrap_differs"]
 
 
 def _run(out: Path, case: str, *, nproc: int = 2) -> Path:
@@ -198,6 +198,24 @@ def test_a_rank_that_stops_training_early(tmp_path: Path) -> None:
                 "skipped: rank 1 recorded nothing of step 2, micro-step 0, forward and ended "
                 "its recording cleanly before it (rank 1's last record: the boundary after "
                 "optimizer step 1) where 3 of 4 ranks (e.g. rank 0) ran it") in message
+
+
+def test_a_model_wrapped_differently_on_one_rank(tmp_path: Path) -> None:
+    """On rank 1 of 4, ``head`` is not a unit of its own (the root's group holds it). In step
+    0's forward the root's all-gather is larger on rank 1 and gloo pairs what it can; the ranks
+    time out (8 s) in the backward. Their unit sets differ, so no order of rank 1 is compared
+    with the others'; the parameters are the same, so the verdict names the wrapping."""
+    run_dir = _run(tmp_path, "wrap_differs", nproc=4)
+    found = fsdptrace.analyze(run_dir).findings
+    stalled = _stalled(found)
+    assert set(stalled) == {0, 1, 2, 3}, found[["check", "rank", "message"]].to_string()
+    cause = ("first FSDP units wrapped differently: rank 1 holds the same parameters as 3 of 4 "
+             "ranks (e.g. rank 0) in other units (no unit head: 7 units against 8)")
+    assert "root cause: this rank diverged before the stop (likely culprit), " + cause \
+        in stalled[1]
+    for rank in (0, 2, 3):
+        assert "root cause: rank 1 diverged before the stop (likely culprit), " + cause \
+            in stalled[rank]
 
 
 def test_an_edge_dead_for_two_reasons(tmp_path: Path) -> None:

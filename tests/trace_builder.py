@@ -54,8 +54,12 @@ class TraceBuilder:
         )
 
     def unit(
-        self, rank: int, name: str, *, is_root: bool = False, params: tuple[str, ...] = ("weight",)
+        self, rank: int, name: str, *, is_root: bool = False, params: tuple[str, ...] = ("weight",),
+        param_names: list[str] | None = None,
     ) -> None:
+        """A unit whose parameters are ``<name>.<p>`` for each of ``params``, or
+        ``param_names`` as given (a unit holding another module's parameters)."""
+        names = param_names if param_names is not None else [f"{name}.{p}" for p in params]
         self.rows["units"].append(
             dict(
                 rank=rank,
@@ -64,9 +68,9 @@ class TraceBuilder:
                 fqn="" if is_root else name,
                 module_type="Linear",
                 is_root=is_root,
-                num_params=len(params),
-                num_param_elements=4 * len(params),
-                param_names=[f"{name}.{p}" for p in params],
+                num_params=len(names),
+                num_param_elements=4 * len(names),
+                param_names=names,
             )
         )
 

@@ -28,7 +28,7 @@ from fsdptrace.checks import (
 )
 from fsdptrace.checks.contract import KEPT_FRAMES, Kept
 from fsdptrace.checks.kernel import rank_runs
-from fsdptrace.checks.kernel.order import GROUP
+from fsdptrace.checks.kernel.order import GROUP, param_sets
 from fsdptrace.checks.kernel.tables import RankTables
 from fsdptrace.reading import chunk_gaps, endings, reader
 from fsdptrace.reading.trace import TABLE_NAMES, check_meta, to_frame
@@ -69,6 +69,7 @@ def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) ->
         signatures=rank_runs.code(tables.signatures, sets, GROUP[1:], ["signature", "length"]),
         config_signatures=prefetch_config_divergence.config_signatures(tables),
         unit_sets=sets,
+        param_sets=param_sets(tables.frame("units")),
         last=tables.stops,
         ends=endings.ending_markers(tables.frame("markers")),
         meta=tables.frame("meta"),

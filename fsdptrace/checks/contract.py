@@ -30,6 +30,9 @@ class Kept:
     signatures: pd.DataFrame  # order signatures as runs of ranks (``kernel.rank_runs``)
     config_signatures: pd.DataFrame
     unit_sets: pd.DataFrame
+    # Per rank, its parameter names hashed and its unit names (``kernel.order.param_sets``):
+    # a model wrapped in other units on some ranks (the hang verdict's cause).
+    param_sets: pd.DataFrame
     last: pd.DataFrame
     ends: pd.DataFrame
     meta: pd.DataFrame

@@ -26,7 +26,7 @@ from fsdptrace.checks.kernel.majority import (
     compared_with,
     ranks_text,
 )
-from fsdptrace.checks.kernel.order import END, GROUP, first_difference_of
+from fsdptrace.checks.kernel.order import END, GROUP, UNIT_SEP, first_difference_of
 from fsdptrace.reading import endings
 
 if TYPE_CHECKING:
@@ -321,11 +321,39 @@ def _from_skipped_passes(merged: Merged, stalled: pd.DataFrame) -> Cause | None:
     return Cause(place, tuple(culprits), tied, "a pass skipped: " + what)
 
 
+def _from_wrapping(merged: Merged, stalled: pd.DataFrame) -> Cause | None:
+    """docs/checks.md 6.1: ranks that hold the model's parameters in other FSDP units than the
+    others (a wrapping policy that differed between ranks): from the first step on, their
+    collectives are other collectives. Ranks of one model hold the same parameter names
+    (``order.param_sets``), so pipeline stages, which hold different ones, are not compared."""
+    sets = merged.param_sets
+    if not len(sets):
+        return None
+    rows = sets[sets["param_set"] != 0].merge(
+        merged.unit_sets.assign(rank=merged.unit_sets["rank"].astype("int64")), on="rank")
+    differs = against_majority(rows, ["param_set"], "unit_set")
+    if not len(differs):
+        return None
+    first = differs.sort_values("rank").iloc[[0]]
+    units = dict(zip(sets["rank"].astype("int64"), sets["units"].astype(str), strict=True))
+    mine = set(units[int(first["rank"].iloc[0])].split(UNIT_SEP))
+    theirs = set(units[int(first["reference_rank"].iloc[0])].split(UNIT_SEP))
+    told = [f"no unit {', '.join(sorted(theirs - mine)[:5])}" if theirs - mine else "",
+            f"unit{'s' if len(mine - theirs) > 1 else ''} "
+            f"{', '.join(sorted(mine - theirs)[:5])} the others lack" if mine - theirs else ""]
+    what = (f"FSDP units wrapped differently: rank {int(first['rank'].iloc[0])} holds the same "
+            f"parameters as {compared_with(first).iloc[0]} in other units ("
+            + "; ".join(t for t in told if t) + f": {len(mine)} units against {len(theirs)})")
+    tied = bool(differs["tied"].astype(bool).any())
+    return Cause(0, tuple(sorted(int(r) for r in differs["rank"])), tied, what)
+
+
 CAUSE_FINDERS: tuple[Callable[[Merged, pd.DataFrame], Cause | None], ...] = (
     _from_divergence_checks,
     _from_stopped_passes,
     _from_collective_counts,
     _from_skipped_passes,
+    _from_wrapping,
 )
 
 

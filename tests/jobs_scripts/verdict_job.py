@@ -66,10 +66,11 @@ class Net(nn.Module):
         return self.head(self.moe(x, drop=drop))  # type: ignore[no-any-return]
 
 
-def sharded(*, reshard_after_forward: bool = True) -> Net:
+def sharded(*, reshard_after_forward: bool = True, head_unit: bool = True) -> Net:
+    """``head_unit`` false: ``head`` is no unit of its own (the root's group holds it)."""
     torch.manual_seed(0)
     net = Net()
-    for module in (*net.layers, *net.moe.experts, net.head):
+    for module in (*net.layers, *net.moe.experts, *([net.head] if head_unit else [])):
         fully_shard(module, reshard_after_forward=reshard_after_forward)
     fully_shard(net)
     return net
@@ -220,11 +221,22 @@ def early_stop(net: Net, optimizer: Any, rank: int, clean: bool, out: Path,
             break
 
 
+def wrap_differs(net: Net, optimizer: Any, rank: int, clean: bool, out: Path,
+                 seen: dict[str, Any]) -> None:
+    """Three plain steps; on rank 1 ``head`` was not wrapped as a unit of its own (a wrapping
+    policy that decided differently on one rank: ``sharded(head_unit=False)``)."""
+    for step in range(3):
+        net(batch()).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seen["done"] = step
+
+
 CASES: dict[str, Callable[..., None]] = {
     "drop_expert": drop_expert, "skip_layer": skip_layer, "extra_eval": extra_eval,
     "eval_rank0": eval_rank0, "nosync_stall": nosync_stall, "dead_edge": dead_edge,
     "skip_backward": skip_backward, "extra_micro_step": extra_micro_step,
-    "early_stop": early_stop,
+    "early_stop": early_stop, "wrap_differs": wrap_differs,
 }
 HANGS = {"skip_layer", "nosync_stall"}
 
@@ -256,7 +268,8 @@ def main() -> None:
 def _run_case(case: str, rank: int, clean: bool, out: Path) -> bool:
     """One case in its own run dir; True when a collective failed (the group is broken)."""
     out.mkdir(parents=True, exist_ok=True)
-    net = sharded(reshard_after_forward=case != "nosync_stall")
+    net = sharded(reshard_after_forward=case != "nosync_stall",
+                  head_unit=clean or case != "wrap_differs" or rank != 1)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     seen: dict[str, Any] = {"error": None}
     try:

@@ -15,6 +15,7 @@ import pandas as pd
 
 GROUP = ["rank", "step", "micro_step", "phase"]
 END = "<end>"  # what a side that ended early has at an index
+UNIT_SEP = "\x1f"  # between the unit names of ``param_sets``
 T = TypeVar("T")
 
 
@@ -55,6 +56,26 @@ def unit_sets(units: pd.DataFrame) -> pd.DataFrame:
         hashed = pd.util.hash_array(unit.astype(str).to_numpy())
     sets = pd.Series(hashed, index=distinct.index).groupby(distinct["rank"]).sum()
     return sets.rename("unit_set").reset_index()
+
+
+def param_sets(units: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, a hash of its parameter names (``param_set``) and its unit names, sorted and
+    joined by ``UNIT_SEP`` (``units``): ranks of one model hold the same parameters whatever
+    units wrap them, so equal parameter sets with unequal unit sets mean the model was wrapped
+    differently on some ranks (pipeline stages hold different parameters)."""
+    if not len(units) or "param_names" not in units:
+        return pd.DataFrame({"rank": pd.Series(dtype="int64"),
+                             "param_set": pd.Series(dtype="uint64"),
+                             "units": pd.Series(dtype="category")})
+    names = units[["rank", "param_names"]].explode("param_names").dropna()
+    hashed = pd.Series(pd.util.hash_array(names["param_names"].astype(str).to_numpy()),
+                       index=names.index)
+    sets = hashed.groupby(names["rank"].astype("int64")).sum().rename("param_set")
+    joined = units.groupby(units["rank"].astype("int64"))["unit"].agg(
+        lambda u: UNIT_SEP.join(sorted(set(map(str, u)))))
+    out = pd.DataFrame({"param_set": sets}).join(joined.rename("units"), how="outer")
+    out["param_set"] = out["param_set"].fillna(0).astype("uint64")
+    return out.rename_axis("rank").reset_index().astype({"units": "category"})
 
 
 def first_difference_of(left: Sequence[T], right: Sequence[T]) -> tuple[int, T | str, T | str]:
