@@ -69,7 +69,7 @@ def map_tables(tables: RankTables, names: Iterable[str], *, ranks: list[int]) ->
         signatures=rank_runs.code(tables.signatures, sets, GROUP[1:], ["signature", "length"]),
         config_signatures=prefetch_config_divergence.config_signatures(tables),
         unit_sets=sets,
-        param_sets=param_sets(tables.frame("units")),
+        param_sets=param_sets(tables.frame("units"), sets),
         last=tables.stops,
         ends=endings.ending_markers(tables.frame("markers")),
         meta=tables.frame("meta"),

