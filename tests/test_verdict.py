@@ -25,19 +25,24 @@ UNITS = [ROOT, "a", "b", "c", "head"]
 FORWARD, BACKWARD = schema.FORWARD, schema.BACKWARD
 
 
+def _step_zero(b: TraceBuilder, rank: int) -> None:
+    """A rank's meta and ``UNITS``, then step 0 whole: forward, backward, boundary."""
+    b.meta(rank)
+    for index, name in enumerate(UNITS):
+        b.unit(rank, name, is_root=index == 0)
+    b.marker(rank, 0, 0, schema.MARKER_MICRO_STEP)
+    b.run(rank, 0, 0, FORWARD, UNITS)
+    b.run(rank, 0, 0, BACKWARD, [ROOT, *reversed(UNITS[1:])])
+    b.marker(rank, 0, 0, schema.MARKER_OPTIMIZER_STEP)
+
+
 def _job(world_size: int, stops: dict[int, list[str]], *, skip: dict[int, str] | None = None
          ) -> TraceBuilder:
     """Step 0 whole on every rank; in step 1's forward rank r runs ``UNITS`` (less
     ``skip[r]``) and stops at ``stops[r]``'s last unit (the calls it recorded)."""
     b = TraceBuilder(world_size=world_size)
     for rank in range(world_size):
-        b.meta(rank)
-        for index, name in enumerate(UNITS):
-            b.unit(rank, name, is_root=index == 0)
-        b.marker(rank, 0, 0, schema.MARKER_MICRO_STEP)
-        b.run(rank, 0, 0, FORWARD, UNITS)
-        b.run(rank, 0, 0, BACKWARD, [ROOT, *reversed(UNITS[1:])])
-        b.marker(rank, 0, 0, schema.MARKER_OPTIMIZER_STEP)
+        _step_zero(b, rank)
         b.marker(rank, 1, 0, schema.MARKER_MICRO_STEP)
         b.run(rank, 1, 0, FORWARD, stops[rank])
     return b
@@ -160,13 +165,7 @@ def _left_out(world_size: int, *, skipper: int = 1, aborted: bool = False) -> Tr
     (``reset_iter_state()``), while the others stop at the root in micro-step 0's backward."""
     b = TraceBuilder(world_size=world_size)
     for rank in range(world_size):
-        b.meta(rank)
-        for index, name in enumerate(UNITS):
-            b.unit(rank, name, is_root=index == 0)
-        b.marker(rank, 0, 0, schema.MARKER_MICRO_STEP)
-        b.run(rank, 0, 0, FORWARD, UNITS)
-        b.run(rank, 0, 0, BACKWARD, [ROOT, *reversed(UNITS[1:])])
-        b.marker(rank, 0, 0, schema.MARKER_OPTIMIZER_STEP)
+        _step_zero(b, rank)
         b.marker(rank, 1, 0, schema.MARKER_MICRO_STEP)
         b.run(rank, 1, 0, FORWARD, UNITS)
         if rank != skipper:
@@ -240,13 +239,7 @@ def test_a_rank_that_ended_early_is_the_root_cause(majority: str) -> None:
     ended = {1} if majority == "ran" else {0, 1, 2}
     b = TraceBuilder(world_size=4)
     for rank in range(4):
-        b.meta(rank)
-        for index, name in enumerate(UNITS):
-            b.unit(rank, name, is_root=index == 0)
-        b.marker(rank, 0, 0, schema.MARKER_MICRO_STEP)
-        b.run(rank, 0, 0, FORWARD, UNITS)
-        b.run(rank, 0, 0, BACKWARD, [ROOT, *reversed(UNITS[1:])])
-        b.marker(rank, 0, 0, schema.MARKER_OPTIMIZER_STEP)
+        _step_zero(b, rank)
         if rank in ended:
             b.marker(rank, 1, 0, schema.MARKER_CLOSE)
             continue
