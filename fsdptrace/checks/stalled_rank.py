@@ -345,6 +345,7 @@ def _from_wrapping(merged: Merged, stalled: pd.DataFrame) -> Cause | None:
             f"parameters as {compared_with(first).iloc[0]} in other units ("
             + "; ".join(t for t in told if t) + f": {len(mine)} units against {len(theirs)})")
     tied = bool(differs["tied"].astype(bool).any())
+    # Place 0, before every stop point: the units differed before anything ran.
     return Cause(0, tuple(sorted(int(r) for r in differs["rank"])), tied, what)
 
 
