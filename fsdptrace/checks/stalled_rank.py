@@ -327,7 +327,7 @@ def _from_wrapping(merged: Merged, stalled: pd.DataFrame) -> Cause | None:
     collectives are other collectives. Ranks of one model hold the same parameter names
     (``order.param_sets``), so pipeline stages, which hold different ones, are not compared."""
     sets = merged.param_sets
-    if not len(sets):
+    if not len(sets) or merged.unit_sets["unit_set"].nunique() < 2:  # one unit set: the usual
         return None
     rows = sets[sets["param_set"] != 0].merge(
         merged.unit_sets.assign(rank=merged.unit_sets["rank"].astype("int64")), on="rank")

@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 from fsdptrace.checks.kernel import stops
-from fsdptrace.reading import incomplete
+from fsdptrace.reading import incomplete, keys
+from fsdptrace.store import schema
 
 _KEYS = ["unit_set", "step", "micro_step", "phase"]
 _EVERY_PASS = np.iinfo(np.int64).max  # the place a rank that ended cleanly reached
@@ -50,62 +51,67 @@ def first_skipped(signatures: pd.DataFrame, unit_sets: pd.DataFrame, last: pd.Da
     ``signatures``: complete orders as runs of ranks (``Kept.signatures``); ``last``: every
     rank's last record (``stops.stop_points``); ``lost``: incomplete ranges; ``inside``: the
     ranks stopped inside a pass (``rank, step, micro_step, phase``), which ran it too;
-    ``ended``: the ranks that ended cleanly, which reached every pass.
+    ``ended``: the ranks that ended cleanly, which reached every pass. Counted in numpy per
+    unit set: a verdict pays ~1 ms for it where nothing was skipped.
     """
-    sets = unit_sets.assign(rank=unit_sets["rank"].astype("int64"))
-    runs = _ran_runs(signatures, sets, inside)
+    set_of = dict(zip(unit_sets["rank"].astype("int64").tolist(), unit_sets["unit_set"],
+                      strict=True))
+    runs = _ran_runs(signatures, set_of, inside)
+    runs = runs[runs["start"].to_numpy() <= until]
     if not len(runs):
         return None
-    runs = runs[runs["start"] <= until]
-    reached = last.dropna(subset=["place"])[["rank", "place"]]
-    rank = reached["rank"].astype("int64")
-    reached = reached.assign(rank=rank, place=reached["place"].astype("int64").where(
-        ~rank.isin(list(ended)), _EVERY_PASS)).merge(sets, on="rank")
-    passes = runs.groupby(_KEYS, sort=False).agg(ran=("num_ranks", "sum"),
-                                                 start=("start", "first")).reset_index()
-    passes = passes.assign(reached=_count_reached(passes, reached)).sort_values("start")
+    known = last[last["place"].notna().to_numpy()]
+    rank = known["rank"].to_numpy(dtype=np.int64)
+    place = np.where(np.isin(rank, list(ended)), _EVERY_PASS,
+                     known["place"].to_numpy(dtype=np.int64))
+    reached = pd.DataFrame({"rank": rank, "place": place,
+                            "unit_set": [set_of.get(r) for r in rank.tolist()]})
+    candidates = []
+    for unit_set, mine in runs.groupby("unit_set", sort=False):
+        starts, first = np.unique(mine["start"].to_numpy(), return_index=True)
+        ran = np.bincount(np.searchsorted(starts, mine["start"].to_numpy()),
+                          weights=mine["num_ranks"].to_numpy(), minlength=len(starts))
+        ordered = np.sort(reached["place"].to_numpy()[(reached["unit_set"] == unit_set)
+                                                       .to_numpy()])
+        count = len(ordered) - np.searchsorted(ordered, starts)
+        if (count > ran).any():
+            candidates.append(mine.iloc[first[count > ran]])
+    if not candidates:
+        return None
     # A lost or aborted micro-step makes a rank look as if it skipped: each candidate is
     # spelled out, and the first with a rank that really skipped it is the answer.
-    for candidate in passes[passes["reached"] > passes["ran"]].itertuples(index=False):
+    sets = pd.DataFrame({"rank": list(set_of), "unit_set": list(set_of.values())})
+    for candidate in pd.concat(candidates).sort_values("start").itertuples(index=False):
         found = _spelled_out(candidate, runs, reached, sets, lost)
         if found is not None:
             return found
     return None
 
 
-def _ran_runs(signatures: pd.DataFrame, sets: pd.DataFrame, inside: pd.DataFrame
+def _ran_runs(signatures: pd.DataFrame, set_of: dict[int, object], inside: pd.DataFrame
               ) -> pd.DataFrame:
     """Runs of ranks that ran each pass (``_KEYS``, ``first_rank``, ``last_rank``,
-    ``num_ranks``) and the pass's first place, ``start``."""
-    columns = [*_KEYS, "first_rank", "last_rank", "num_ranks"]
-    parts = [signatures[columns]] if len(signatures) else []
-    if len(inside):
-        mine = inside.assign(rank=inside["rank"].astype("int64")).merge(sets, on="rank")
-        parts.append(pd.DataFrame({
-            "unit_set": mine["unit_set"], "step": mine["step"].astype("int64"),
-            "micro_step": mine["micro_step"].astype("int64"), "phase": mine["phase"].astype(str),
-            "first_rank": mine["rank"], "last_rank": mine["rank"], "num_ranks": 1}))
-    if not parts:
-        return pd.DataFrame(columns=[*columns, "start"])
-    runs = pd.concat(parts, ignore_index=True)
-    runs = runs.assign(phase=runs["phase"].astype(str), step=runs["step"].astype("int64"),
-                       micro_step=runs["micro_step"].astype("int64"),
-                       num_ranks=runs["num_ranks"].astype("int64"))
-    return runs.assign(start=_place(runs, 0))
-
-
-def _place(rows: pd.DataFrame, position: int) -> pd.Series:
-    return stops.place(rows.assign(kind=stops.PASS, position=position))
-
-
-def _count_reached(passes: pd.DataFrame, reached: pd.DataFrame) -> np.ndarray:
-    """Per pass, the ranks of its unit set whose last record is at or after its start."""
-    counts = np.zeros(len(passes), dtype=np.int64)
-    for unit_set, places in reached.groupby("unit_set", sort=False)["place"]:
-        mine = (passes["unit_set"] == unit_set).to_numpy()
-        ordered = np.sort(places.to_numpy())
-        counts[mine] = len(ordered) - np.searchsorted(ordered, passes["start"].to_numpy()[mine])
-    return counts
+    ``num_ranks``) and the pass's first place, ``start``: the signatures' runs, and a run of
+    one rank for each rank stopped inside a pass (of ranks with a unit set)."""
+    columns = {c: signatures[c].to_numpy() for c in [*_KEYS, "first_rank", "last_rank",
+                                                       "num_ranks"]}
+    columns["phase"] = columns["phase"].astype(str)
+    mine = inside[inside["rank"].astype("int64").isin(list(set_of)).to_numpy()]
+    if len(mine):
+        rank = mine["rank"].to_numpy(dtype=np.int64)
+        more = {"unit_set": np.array([set_of[r] for r in rank.tolist()]),
+                "step": mine["step"].to_numpy(), "micro_step": mine["micro_step"].to_numpy(),
+                "phase": mine["phase"].astype(str).to_numpy(), "first_rank": rank,
+                "last_rank": rank, "num_ranks": np.ones(len(rank), dtype=np.int64)}
+        columns = {c: np.concatenate([columns[c].astype(object) if c == "unit_set"
+                                      else columns[c], more[c]]) for c in columns}
+    for c in ("step", "micro_step", "first_rank", "last_rank", "num_ranks"):
+        columns[c] = columns[c].astype(np.int64)
+    columns["start"] = keys.place_key(
+        np.full(len(columns["step"]), stops.PASS, dtype=object), columns["step"],
+        columns["micro_step"], (columns["phase"] == schema.BACKWARD).astype(np.int64),
+        np.zeros(len(columns["step"]), dtype=np.int64))
+    return pd.DataFrame(columns)
 
 
 def _spelled_out(candidate: Any, runs: pd.DataFrame, reached: pd.DataFrame,
