@@ -93,8 +93,9 @@ def _ran_runs(signatures: pd.DataFrame, set_of: dict[int, object], inside: pd.Da
     """Runs of ranks that ran each pass (``_KEYS``, ``first_rank``, ``last_rank``,
     ``num_ranks``) and the pass's first place, ``start``: the signatures' runs, and a run of
     one rank for each rank stopped inside a pass (of ranks with a unit set)."""
-    columns = {c: signatures[c].to_numpy() for c in [*_KEYS, "first_rank", "last_rank",
-                                                       "num_ranks"]}
+    names = [*_KEYS, "first_rank", "last_rank", "num_ranks"]
+    columns = {c: (signatures[c].to_numpy() if len(signatures) else np.zeros(0, dtype=object))
+               for c in names}
     columns["phase"] = columns["phase"].astype(str)
     mine = inside[inside["rank"].astype("int64").isin(list(set_of)).to_numpy()]
     if len(mine):
