@@ -208,28 +208,27 @@ def extra_micro_step(net: Net, optimizer: Any, rank: int, clean: bool, out: Path
         optimizer.zero_grad()
 
 
-def early_stop(net: Net, optimizer: Any, rank: int, clean: bool, out: Path,
-               seen: dict[str, Any]) -> None:
-    """Three steps, but rank 1 decides on its own (an early-stopping rule on its local loss)
-    to stop after step 1, and leaves the loop: its recording closes cleanly."""
-    for step in range(3):
+def _plain_steps(net: Net, optimizer: Any, seen: dict[str, Any], *, last: int = 2) -> None:
+    """Steps 0 to ``last``, one micro-step each."""
+    for step in range(last + 1):
         net(batch()).sum().backward()
         optimizer.step()
         optimizer.zero_grad()
         seen["done"] = step
-        if not clean and rank == 1 and step == 1:
-            break
+
+
+def early_stop(net: Net, optimizer: Any, rank: int, clean: bool, out: Path,
+               seen: dict[str, Any]) -> None:
+    """Three steps, but rank 1 decides on its own (an early-stopping rule on its local loss)
+    to stop after step 1, and leaves the loop: its recording closes cleanly."""
+    _plain_steps(net, optimizer, seen, last=1 if not clean and rank == 1 else 2)
 
 
 def wrap_differs(net: Net, optimizer: Any, rank: int, clean: bool, out: Path,
                  seen: dict[str, Any]) -> None:
     """Three plain steps; on rank 1 ``head`` was not wrapped as a unit of its own (a wrapping
     policy that decided differently on one rank: ``sharded(head_unit=False)``)."""
-    for step in range(3):
-        net(batch()).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        seen["done"] = step
+    _plain_steps(net, optimizer, seen)
 
 
 CASES: dict[str, Callable[..., None]] = {
