@@ -298,12 +298,9 @@ def _from_skipped_passes(merged: Merged, stalled: pd.DataFrame) -> Cause | None:
     ran, skipped = found.ran, found.skipped
     where = f"step {found.step}, micro-step {found.micro_step}, {found.phase}"
     total = len(ran) + len(skipped)
-    place = int(stops.place(pd.DataFrame({"kind": [stops.PASS], "step": [found.step],
-                                          "micro_step": [found.micro_step],
-                                          "phase": [found.phase], "position": [0]})).iloc[0])
     last = merged.last[merged.last["rank"].astype("int64") == skipped[0]]
     left = ("ended its recording cleanly before it" if skipped[0] in ended
-            and int(last["place"].iloc[0]) < place else "went on past it")
+            and int(last["place"].iloc[0]) < found.place else "went on past it")
     left += f" (rank {skipped[0]}'s last record: {stops.describe(last).iloc[0]})"
     if len(skipped) < len(ran):
         culprits, tied = skipped, False
@@ -318,7 +315,7 @@ def _from_skipped_passes(merged: Merged, stalled: pd.DataFrame) -> Cause | None:
         what = (f"{ranks_text(ran)} ran {where}; {ranks_text(skipped)} recorded nothing of it "
                 f"and {left} ({NO_MAJORITY}: the {total} ranks disagree; neither side is the "
                 "outlier by its rank number)")
-    return Cause(place, tuple(culprits), tied, "a pass skipped: " + what)
+    return Cause(found.place, tuple(culprits), tied, "a pass skipped: " + what)
 
 
 def _from_wrapping(merged: Merged, stalled: pd.DataFrame) -> Cause | None:

@@ -39,6 +39,7 @@ class SkippedPass:
     step: int
     micro_step: int
     phase: str
+    place: int  # the pass's first place (``keys.place_key``, position 0)
     ran: list[int]
     skipped: list[int]
 
@@ -80,7 +81,7 @@ def first_skipped(signatures: pd.DataFrame, unit_sets: pd.DataFrame, last: pd.Da
         return None
     # A lost or aborted micro-step makes a rank look as if it skipped: each candidate is
     # spelled out, and the first with a rank that really skipped it is the answer.
-    sets = pd.DataFrame({"rank": list(set_of), "unit_set": list(set_of.values())})
+    sets = unit_sets.assign(rank=unit_sets["rank"].astype("int64"))
     for candidate in pd.concat(candidates).sort_values("start").itertuples(index=False):
         found = _spelled_out(candidate, runs, reached, sets, lost)
         if found is not None:
@@ -134,4 +135,4 @@ def _spelled_out(candidate: Any, runs: pd.DataFrame, reached: pd.DataFrame,
     skipped = np.setdiff1d(ranks[known], ran)
     if not len(skipped):
         return None
-    return SkippedPass(step, micro, phase, ran.tolist(), skipped.tolist())
+    return SkippedPass(step, micro, phase, int(candidate.start), ran.tolist(), skipped.tolist())
