@@ -75,6 +75,35 @@ def test_summary_json(scenario_runs: Path) -> None:
     assert {r["ended"] for r in doc["per_rank"]} == {"clean close"}
 
 
+SAMPLES = sorted(p for p in (Path(__file__).resolve().parents[1] / "sample_traces").iterdir()
+                 if p.is_dir())
+
+
+@pytest.mark.parametrize("run_dir", SAMPLES, ids=lambda p: p.name)
+def test_analyze_json_says_the_run_in_the_numbers_summary_says(run_dir: Path) -> None:
+    """The run in numbers under ``analyze --format json`` is counted a rank at a time; the same
+    numbers as ``summary``'s, which loads the whole run (killed ranks' journal tails too)."""
+    result = CliRunner().invoke(cli, ["analyze", str(run_dir), "--format", "json", "-j", "1"])
+    assert result.exit_code in (0, 1), result.output  # 1: the sample's findings
+    analysis = json.loads(result.stdout)
+    summary = run_json("summary", run_dir, "--format", "json")
+    numbers = {k: v for k, v in analysis["summary"].items() if k != "num_findings"}
+    assert numbers == {k: summary[k] for k in numbers}
+    assert numbers["events"] > 0 and numbers["ranks"] == len(summary["per_rank"])
+
+
+def test_analyze_json_never_loads_the_whole_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading every table of a 64-rank run of 10M events took 5 GB for these numbers."""
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("fsdptrace.load called")
+
+    monkeypatch.setattr("fsdptrace.reading.trace.load", refuse)
+    doc = run_json("analyze", SAMPLES[0].parent / "killed-rank", "--format", "json", "-j", "1",
+                   code=1)
+    numbers = doc["summary"]
+    assert (numbers["ranks"], numbers["steps"], numbers["events"]) == (2, 2, 51)
+
+
 def test_suggest_json(scenario_runs: Path) -> None:
     doc = run_json("suggest", scenario_runs / "wrong-forward-prefetch", "--format", "json")
     assert_valid(doc, "suggest")

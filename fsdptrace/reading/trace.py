@@ -55,18 +55,12 @@ class Trace:
     @property
     def ranks(self) -> list[int]:
         """Ranks with data on disk."""
-        present: set[int] = set()
-        for frame in (self.meta, self.units, self.events, self.markers):
-            if "rank" in frame:
-                present.update(int(r) for r in frame["rank"].unique())
-        return sorted(present)
+        return ranks_with_rows(self.meta, self.units, self.events, self.markers)
 
     @property
     def world_size(self) -> int:
         """World size the ranks reported (the largest, if they disagree)."""
-        if len(self.meta):
-            return int(self.meta["world_size"].max())
-        return max(self.ranks, default=-1) + 1
+        return world_size_of(self.meta, self.ranks)
 
     @property
     def steps(self) -> list[int]:
@@ -153,6 +147,24 @@ class Trace:
             for k, v in self.summary().items()
         )
         return f"<b>fsdptrace.Trace</b><table>{rows}</table>"
+
+
+def ranks_with_rows(*frames: pd.DataFrame) -> list[int]:
+    """The ranks with a row in any of ``frames`` (``Trace.ranks`` asks meta, units, events
+    and markers)."""
+    present: set[int] = set()
+    for frame in frames:
+        if "rank" in frame:
+            present.update(int(r) for r in frame["rank"].unique())
+    return sorted(present)
+
+
+def world_size_of(meta: pd.DataFrame, ranks: list[int]) -> int:
+    """The world size the ranks reported (the largest, if they disagree); without meta, one
+    more than the highest of ``ranks``."""
+    if len(meta):
+        return int(meta["world_size"].max())
+    return max(ranks, default=-1) + 1
 
 
 def to_frame(data: pa.Table) -> pd.DataFrame:

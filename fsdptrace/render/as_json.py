@@ -69,12 +69,15 @@ def document(analysis: Analysis) -> dict[str, Any]:
     from fsdptrace.reading.incomplete import COLUMNS as INCOMPLETE_COLUMNS
     from fsdptrace.render.text import run_dir_label
     from fsdptrace.views.causes import group
-    from fsdptrace.views.summary import overview
+    from fsdptrace.views.summary import overview, overview_of_run_dir
 
     findings, checks = analysis.findings, list(analysis.checks)
     groups, causes = group(findings)
-    # The run in numbers reads every table again: for small runs only.
-    summary = overview(analysis.trace) if len(analysis.ranks) <= SUMMARY_MAX_RANKS else {}
+    # The run in numbers reads the events again, a rank at a time: for small runs only.
+    summary = {}
+    if len(analysis.ranks) <= SUMMARY_MAX_RANKS:
+        summary = (overview_of_run_dir(analysis.run_dir) if analysis.source is None
+                   and analysis.run_dir is not None else overview(analysis.trace))
     summary["num_findings"] = len(findings)
     return {**_header("analysis"), "run_dir": run_dir_label(analysis),
             "ranks": list(analysis.ranks), "world_size": analysis.world_size,
