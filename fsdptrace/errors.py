@@ -37,3 +37,8 @@ class FsdptraceWarning(UserWarning):
 
 class SkippedChunkWarning(FsdptraceWarning):
     """A truncated or corrupt chunk was skipped; the steps it covered count as incomplete."""
+
+
+class SkippedDumpWarning(FsdptraceWarning):
+    """A file under ``dumps/`` (a stack capture, a Flight Recorder dump) is not what its name
+    says (damaged, or a link planted under that name) and was skipped; the others are read."""

@@ -419,3 +419,18 @@ def test_an_unreadable_segment_is_skipped_and_its_steps_are_incomplete(
     summary = CliRunner().invoke(cli, ["summary", str(run), "--format", "json"])
     assert summary.exit_code == 0 and summary.stderr.count("skipping") == 1, summary.output
     assert json.loads(summary.stdout)["unreadable_chunks"] == 1
+
+
+def test_a_damaged_flight_recorder_dump_is_one_warning_line(scenario_runs: Path,
+                                                             tmp_path: Path) -> None:
+    """A dump that is no Flight Recorder JSON is skipped with one line naming it (it was a
+    Python warning with our source line beneath it); the stalled ranks are still reported."""
+    run_dir = copy_run(scenario_runs, tmp_path, "killed-rank")
+    dump = run_dir / "dumps" / "rank=1" / "flight_recorder-1.json"
+    dump.parent.mkdir(parents=True, exist_ok=True)
+    dump.write_bytes(b"\x00 not json")
+    result = analyze_cli(run_dir)
+    assert result.exit_code == 1 and "stalled-rank" in result.stdout, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"fsdptrace: warning: {dump}: not a Flight Recorder dump "
+                           "(JSONDecodeError") and line.endswith("; skipped"), line

@@ -27,7 +27,7 @@ from click.testing import CliRunner
 from fsdptrace_cli.main import cli
 
 import fsdptrace
-from fsdptrace.errors import FsdptraceError
+from fsdptrace.errors import FsdptraceError, SkippedDumpWarning
 from fsdptrace.reading import flight_recorder
 from fsdptrace.record.stack_dump import configured_signal
 from fsdptrace.render.stack_view import stack_blocks
@@ -155,13 +155,17 @@ def test_damaged_capture_files_are_skipped_with_their_name(hung: dict, tmp_path:
     bad.write_bytes(b"\x00\xff garbage")
     link = run_dir / "dumps" / "rank=1" / "stacks-20000101T000001.000000Z.txt"
     link.symlink_to("/dev/zero")
-    with pytest.warns(RuntimeWarning) as warned:
+    with pytest.warns(SkippedDumpWarning) as warned:
         stacks = read_stacks(run_dir)
     assert sorted(str(w.message).split(":")[0].rsplit("/", 1)[1] for w in warned) == [
         bad.name, link.name]
     assert stacks[0][0].threads and len(stacks[1]) == 1
     result = CliRunner().invoke(cli, ["report", str(run_dir), "-o", str(tmp_path / "r.html")])
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    # One line each, as every warning of fsdptrace's (no source line of ours beneath it).
+    said = [line for line in result.stderr.splitlines() if not line.startswith("wrote ")]
+    assert len(said) == 2 and all(line.startswith("fsdptrace: warning: ") and
+                                  "not an fsdptrace stack capture" in line for line in said), said
 
 
 @pytest.mark.slow

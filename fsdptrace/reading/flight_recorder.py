@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fsdptrace.errors import SkippedDumpWarning
 from fsdptrace.reading import reader
 from fsdptrace.store import fatal_signals
 
@@ -91,7 +92,7 @@ def _entries(path: Path, rank: int) -> list[tuple]:
         return [_entry(rank, e) for e in entries if not e.get("is_p2p", False)]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         warnings.warn(f"{path}: not a Flight Recorder dump ({type(error).__name__}: {error}); "
-                      "skipped", RuntimeWarning, stacklevel=3)
+                      "skipped", SkippedDumpWarning, stacklevel=3)
         return []
 
 

@@ -22,6 +22,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from fsdptrace.errors import SkippedDumpWarning
 from fsdptrace.store import fatal_signals
 
 LIVE_FILE = "signal-stacks-{pid}.txt"
@@ -113,7 +114,7 @@ def read_captures(run_dir: Path) -> dict[int, list[StackCapture]]:
             capture = parse_capture(_read_bounded(path), path)
         except (OSError, ValueError) as error:
             warnings.warn(f"{path}: not an fsdptrace stack capture ({error}); skipped",
-                          RuntimeWarning, stacklevel=2)
+                          SkippedDumpWarning, stacklevel=2)
             continue
         found.setdefault(capture.rank, []).append(capture)
     return {rank: sorted(c, key=lambda c: c.captured_at) for rank, c in sorted(found.items())}
