@@ -11,6 +11,8 @@ one check.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
@@ -91,9 +93,23 @@ def overview(allgathers: pd.DataFrame) -> dict[str, int]:
     return numbers
 
 
-def overview_line(allgathers: pd.DataFrame) -> str:
-    """One line for ``fsdptrace summary``: 'not recorded' when the run has no provenance."""
-    numbers = overview(allgathers)
+def combined(parts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """``overview`` of the rows of several batches of whole ranks, from each batch's: the
+    counts add up, and the peak held is one rank's (``rank_held_bytes``)."""
+    found = [p for p in parts if p]
+    if not found:
+        return {}
+    numbers = {"issued": sum(p["issued"] for p in found)}
+    totals = {kind: sum(p.get(kind, 0) for p in found) for kind in ISSUER_KINDS}
+    numbers.update({kind: total for kind, total in totals.items() if total})
+    numbers["noop_prefetches"] = sum(p["noop_prefetches"] for p in found)
+    numbers["peak_held_bytes"] = max(p["peak_held_bytes"] for p in found)
+    return numbers
+
+
+def overview_line(numbers: dict[str, int]) -> str:
+    """``overview``'s numbers as one line for ``fsdptrace summary``: 'not recorded' when the
+    run has no provenance."""
     if not numbers:
         return "not recorded"
     return ", ".join(f"{key.replace('_', ' ')} {value:,}" for key, value in numbers.items())

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from fsdptrace.analysis.result import Analysis
     from fsdptrace.views.causes import Cause
     from fsdptrace.views.suggest import Suggestion
+    from fsdptrace.views.summary import RunSummary
 
 JSON_SCHEMA_VERSION = 1
 SCHEMA_FILE = "{kind}.schema.json"
@@ -97,17 +98,14 @@ def _cause(cause: Cause) -> dict[str, Any]:
             "shared": cause.is_shared, "unit": cause.unit, "target": cause.target}
 
 
-def summary_document(analysis: Analysis) -> dict[str, Any]:
+def summary_document(run: RunSummary) -> dict[str, Any]:
     """``fsdptrace summary --format json``: the run in numbers, then one object per rank."""
     from fsdptrace.reading.allgathers import overview_line
     from fsdptrace.render.text import run_dir_label
-    from fsdptrace.views.summary import overview, per_rank
 
-    trace = analysis.trace
-    table = per_rank(trace)
-    return {**_header("summary"), "run_dir": run_dir_label(analysis),
-            **overview(trace, ranks=table),
-            "all_gathers": overview_line(trace.allgathers),
+    table = run.per_rank
+    return {**_header("summary"), "run_dir": run_dir_label(run), **run.summary,
+            "all_gathers": overview_line(run.all_gathers),
             "per_rank": records(table, list(table.columns))}
 
 
@@ -129,9 +127,9 @@ def render(analysis: Analysis, out: TextIO) -> None:
     dump(document(analysis), out)
 
 
-def render_summary(analysis: Analysis, out: TextIO) -> None:
+def render_summary(run: RunSummary, out: TextIO) -> None:
     """``--format json`` of ``summary``."""
-    dump(summary_document(analysis), out)
+    dump(summary_document(run), out)
 
 
 def render_suggest(analysis: Analysis, out: TextIO, *, model: str = "model") -> None:

@@ -15,12 +15,15 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Generic, TextIO, TypeVar
 
 from fsdptrace.analysis.result import Analysis
 from fsdptrace.render import as_json, markdown, summary_text, text
 from fsdptrace.render.output import STDOUT, write_text
+from fsdptrace.views.summary import RunSummary
 
+# What a renderer draws: an ``Analysis``, or for ``summary`` a ``RunSummary``.
+Drawn = TypeVar("Drawn")
 Renderer = Callable[[Analysis, TextIO], None]
 
 
@@ -52,14 +55,14 @@ def suggestion_text(analysis: Analysis, out: TextIO, *, model: str = "model") ->
 
 
 @dataclass(frozen=True)
-class Format:
+class Format(Generic[Drawn]):
     """One output: how to render it and what a person gets."""
 
-    render: Renderer
+    render: Callable[[Drawn, TextIO], None]
     description: str
 
 
-FORMATS: dict[str, Format] = {
+FORMATS: dict[str, Format[Analysis]] = {
     "text": Format(text.render, "the report a person reads: verdict, findings per check"),
     "json": Format(as_json.render, "every finding with its figures (fsdptrace/schemas/)"),
     "markdown": Format(markdown.render, "for an issue or a pull request"),
@@ -67,17 +70,17 @@ FORMATS: dict[str, Format] = {
     "chrome-trace": Format(chrome_trace, "Trace Event JSON for Perfetto / chrome://tracing"),
 }
 # What ``fsdptrace summary`` and ``fsdptrace suggest`` print, through the same path.
-SUMMARY_FORMATS: dict[str, Format] = {
+SUMMARY_FORMATS: dict[str, Format[RunSummary]] = {
     "text": Format(summary_text.render, "the run in numbers, then one row per rank"),
     "json": Format(as_json.render_summary, "the same as fields (fsdptrace/schemas/)"),
 }
-SUGGEST_FORMATS: dict[str, Format] = {
+SUGGEST_FORMATS: dict[str, Format[Analysis]] = {
     "text": Format(suggestion_text, "the calls to paste, then the edge diff"),
     "json": Format(as_json.render_suggest, "the same as fields (fsdptrace/schemas/)"),
 }
 
 
-def write(render: Renderer, analysis: Analysis,
+def write(render: Callable[[Drawn, TextIO], None], analysis: Drawn,
           output: str | os.PathLike[str] | TextIO | None = None) -> None:
     """Render ``analysis`` to ``output``: a path, ``"-"`` or ``None`` for stdout, or a stream.
 

@@ -8,26 +8,21 @@ import pandas as pd
 
 from fsdptrace.reading import unsharded
 from fsdptrace.reading.allgathers import overview_line
-from fsdptrace.reading.unit_names import module_types
 from fsdptrace.reading.untrusted import printable
 from fsdptrace.render.text import run_dir_label
-from fsdptrace.views.summary import overview, per_rank
 
 if TYPE_CHECKING:
-    from fsdptrace.analysis.result import Analysis
+    from fsdptrace.views.summary import RunSummary
 
 # Past this many ranks, summary prints the highest peaks only (JSON keeps every rank).
 MAX_MEMORY_RANKS = 64
 
 
-def render(analysis: Analysis, out: TextIO) -> None:
+def render(run: RunSummary, out: TextIO) -> None:
     """The run in numbers, its dropped rows, then one row per rank (hosts come from the run
     dir, so every cell goes through ``printable``)."""
-    trace = analysis.trace
-    peaks = unsharded.peaks(trace.allgathers)
-    table = per_rank(trace, peaks=peaks)
-    numbers = overview(trace, ranks=table)
-    out.write(f"run dir: {printable(run_dir_label(analysis))}\n")
+    numbers = dict(run.summary)
+    out.write(f"run dir: {printable(run_dir_label(run))}\n")
     incomplete = numbers.pop("incomplete_steps")
     for key, value in numbers.items():
         out.write(f"{key.replace('_', ' ')}: {printable(value)}\n")
@@ -35,8 +30,9 @@ def render(analysis: Analysis, out: TextIO) -> None:
     out.write("incomplete steps (rows dropped):" + ("" if incomplete else " none") + "\n")
     for rank, where in incomplete.items():
         out.write(f"  rank {rank}: {printable(where)}\n")
-    out.write(f"all-gathers: {printable(overview_line(trace.allgathers))}\n")
-    write_memory_lines(peaks, out, types=module_types(trace.units))
+    out.write(f"all-gathers: {printable(overview_line(run.all_gathers))}\n")
+    write_memory_lines(run.peaks, out, types=run.module_types)
+    table = run.per_rank.copy()
     for name in table.columns:
         if not pd.api.types.is_numeric_dtype(table[name]):
             table[name] = table[name].astype(object).map(printable, na_action="ignore")

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from functools import cached_property, reduce
+from functools import reduce
 from pathlib import Path
 
 import pandas as pd
 
-from fsdptrace.reading import endings, incomplete, reader, unsharded
-from fsdptrace.reading.trace import Trace, ranks_with_rows, read_frame, world_size_of
+from fsdptrace.reading import allgathers, endings, incomplete, reader, unsharded
+from fsdptrace.reading.trace import (
+    TABLE_NAMES,
+    Trace,
+    check_meta,
+    ranks_with_rows,
+    read_frame,
+    to_frame,
+    world_size_of,
+)
+from fsdptrace.reading.unit_names import module_types
 from fsdptrace.store import schema
 from fsdptrace.store.key_ranges import MAX_STEP
 from fsdptrace.views.rank_ranges import rank_ranges
@@ -18,28 +27,81 @@ from fsdptrace.views.rank_ranges import rank_ranges
 
 @dataclass(frozen=True, eq=False)
 class RunSummary:
-    """What ``fsdptrace summary`` renders: a loaded run and its numbers.
+    """What ``fsdptrace summary`` renders: the run in numbers, one row per rank, each rank's
+    unsharded-parameter peaks, the all-gathers in a few numbers, the units' module types.
 
-    The summary renderers read ``trace``, ``summary`` and ``run_dir``, as they do of an
-    ``Analysis``; building one ran the analyzer's map step (signatures, positions) for
-    nothing the summary prints: a third of its time on a run of thousands of ranks.
+    Counted a rank at a time (``summarize_run_dir``): loading the run for it held every table
+    of every rank at once, 9.3 GB on a 64-rank run of 10M events. Not an ``Analysis``: that
+    ran the analyzer's map step for nothing the summary prints.
     """
 
-    trace: Trace
-
-    @property
-    def run_dir(self) -> Path | None:
-        return self.trace.run_dir
-
-    @cached_property
-    def summary(self) -> dict[str, object]:
-        """The run in numbers (``overview``)."""
-        return overview(self.trace)
+    run_dir: Path | None
+    summary: dict[str, object]  # ``overview``
+    per_rank: pd.DataFrame  # ``per_rank``
+    peaks: pd.DataFrame  # ``unsharded.peaks`` of every rank
+    all_gathers: dict[str, int]  # ``allgathers.overview`` of every rank
+    module_types: dict[str, str]  # ``unit_names.module_types`` of every rank's units
 
 
 def summarize(trace: Trace) -> RunSummary:
     """``trace`` ready for the summary renderers (``fsdptrace.render.formats.SUMMARY_FORMATS``)."""
-    return RunSummary(trace)
+    return _summary(trace.run_dir, [trace], meta=trace.meta, units=trace.units,
+                    markers=trace.markers)
+
+
+def summarize_run_dir(run_dir: Path) -> RunSummary:
+    """``summarize(load(run_dir))``, holding one rank's events and all-gathers at a time (and
+    every rank's meta, units and markers)."""
+    reader.check_run_dir(run_dir)
+    listed = reader.discover_ranks(run_dir)
+    meta, units, markers = (read_frame(run_dir, t, listed) for t in ("meta", "units", "markers"))
+    check_meta(meta, run_dir)
+    highest = reader.highest_meta_rank(run_dir)
+    small = {"meta": _by_rank(meta), "units": _by_rank(units), "markers": _by_rank(markers)}
+    none = {"meta": meta.iloc[:0], "units": units.iloc[:0], "markers": markers.iloc[:0]}
+
+    def rank_trace(rank: int) -> Trace:
+        # Every table is read, as ``load`` reads it: what the summary does not count is still
+        # validated (a table of a newer version, a bad value: refused, as by every command).
+        read = {t: reader.read_rank(run_dir, t, rank, highest_rank=highest)
+                for t in TABLE_NAMES if t not in small}
+        kept = {t: to_frame(reader.concat_ranks([read[t]], t)) for t in ("events", "allgathers")}
+        return Trace(run_dir=run_dir, prefetch=pd.DataFrame(), gradients=pd.DataFrame(),
+                     pending=pd.DataFrame(), **kept,
+                     **{t: parts.get(rank, none[t]) for t, parts in small.items()})
+
+    return _summary(run_dir, map(rank_trace, listed), meta=meta, units=units, markers=markers)
+
+
+def _by_rank(frame: pd.DataFrame) -> dict[int, pd.DataFrame]:
+    """``frame``'s rows of each rank (one pass, not one filter per rank)."""
+    if not len(frame):
+        return {}
+    return {int(rank): part for rank, part in frame.groupby(
+        frame["rank"].astype("int64"), sort=False)}
+
+
+def _summary(run_dir: Path | None, batches: Iterable[Trace], *, meta: pd.DataFrame,
+             units: pd.DataFrame, markers: pd.DataFrame) -> RunSummary:
+    """The summary of traces that each hold some ranks whole (at least one trace, every rank
+    in one of them), and of the meta, units and markers of all of them."""
+    tables, peaks, gathers, figures = [], [], [], EventFigures()
+    for trace in batches:
+        found = unsharded.peaks(trace.allgathers)
+        tables.append(per_rank(trace, peaks=found))
+        peaks.append(found)
+        gathers.append(allgathers.overview(trace.allgathers))
+        figures += event_figures(trace.events, count_micro_steps=False)
+    table = pd.concat([t for t in tables if len(t)] or tables[:1], ignore_index=True)
+    present = sorted(set(ranks_with_rows(meta, units, markers)) | figures.ranks)
+    micro = table["micro_steps"]  # per_rank counted them
+    figures = replace(figures, micro_steps=int(micro.max()) if micro.notna().any() else 0)
+    return RunSummary(
+        run_dir, _numbers(figures, ranks=present, world_size=world_size_of(meta, present),
+                          units=units, markers=markers,
+                          clean_close=int((table["ended"] == "clean close").sum())),
+        table, pd.concat([p for p in peaks if len(p)] or peaks[:1], ignore_index=True),
+        allgathers.combined(gathers), module_types(units))
 
 
 def per_rank(trace: Trace, *, peaks: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -123,21 +185,11 @@ def event_figures(events: pd.DataFrame, *, count_micro_steps: bool = True) -> Ev
                         frozenset(int(r) for r in events["rank"].unique()))
 
 
-def overview(trace: Trace, *, ranks: pd.DataFrame | None = None) -> dict[str, object]:
-    """The run in numbers (JSON-friendly). ``ranks``: ``per_rank(trace)``, where the caller
-    prints it too (its micro-steps are a group-by over every event: seconds to count twice
-    on a large run)."""
-    if ranks is None:
-        figures = event_figures(trace.events)
-        ended = _endings(trace.markers, trace.ranks).values()
-    else:
-        micro = ranks["micro_steps"]
-        figures = replace(event_figures(trace.events, count_micro_steps=False),
-                          micro_steps=int(micro.max()) if micro.notna().any() else 0)
-        ended = ranks["ended"]
-    return _numbers(figures, ranks=trace.ranks, world_size=trace.world_size,
-                    units=trace.units, markers=trace.markers,
-                    clean_close=sum(e == "clean close" for e in ended))
+def overview(trace: Trace) -> dict[str, object]:
+    """The run in numbers (JSON-friendly)."""
+    return _numbers(event_figures(trace.events), ranks=trace.ranks, world_size=trace.world_size,
+                    units=trace.units, markers=trace.markers, clean_close=sum(
+                        e == "clean close" for e in _endings(trace.markers, trace.ranks).values()))
 
 
 def overview_of_run_dir(run_dir: Path) -> dict[str, object]:

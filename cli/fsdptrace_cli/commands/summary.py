@@ -22,8 +22,7 @@ def command(run_dir: Path, fmt: str) -> None:
       fsdptrace summary runs/a
       fsdptrace summary runs/a --format json
     """
-    from fsdptrace.reading.trace import load
     from fsdptrace.render.formats import SUMMARY_FORMATS, write
-    from fsdptrace.views.summary import summarize
+    from fsdptrace.views.summary import summarize_run_dir
 
-    write(SUMMARY_FORMATS[fmt].render, summarize(load(run_dir)))
+    write(SUMMARY_FORMATS[fmt].render, summarize_run_dir(run_dir))
