@@ -93,14 +93,11 @@ def _summary(run_dir: Path | None, batches: Iterable[Trace], *, meta: pd.DataFra
         gathers.append(allgathers.overview(trace.allgathers))
         figures += event_figures(trace.events, count_micro_steps=False)
     table = pd.concat([t for t in tables if len(t)] or tables[:1], ignore_index=True)
-    present = sorted(set(ranks_with_rows(meta, units, markers)) | figures.ranks)
     micro = table["micro_steps"]  # per_rank counted them
     figures = replace(figures, micro_steps=int(micro.max()) if micro.notna().any() else 0)
     return RunSummary(
-        run_dir, _numbers(figures, ranks=present, world_size=world_size_of(meta, present),
-                          units=units, markers=markers,
-                          clean_close=int((table["ended"] == "clean close").sum())),
-        table, pd.concat([p for p in peaks if len(p)] or peaks[:1], ignore_index=True),
+        run_dir, _numbers(figures, meta=meta, units=units, markers=markers), table,
+        pd.concat([p for p in peaks if len(p)] or peaks[:1], ignore_index=True),
         allgathers.combined(gathers), module_types(units))
 
 
@@ -187,9 +184,8 @@ def event_figures(events: pd.DataFrame, *, count_micro_steps: bool = True) -> Ev
 
 def overview(trace: Trace) -> dict[str, object]:
     """The run in numbers (JSON-friendly)."""
-    return _numbers(event_figures(trace.events), ranks=trace.ranks, world_size=trace.world_size,
-                    units=trace.units, markers=trace.markers, clean_close=sum(
-                        e == "clean close" for e in _endings(trace.markers, trace.ranks).values()))
+    return _numbers(event_figures(trace.events), meta=trace.meta, units=trace.units,
+                    markers=trace.markers)
 
 
 def overview_of_run_dir(run_dir: Path) -> dict[str, object]:
@@ -200,10 +196,7 @@ def overview_of_run_dir(run_dir: Path) -> dict[str, object]:
     highest = reader.highest_meta_rank(run_dir)
     figures = reduce(EventFigures.__add__, (event_figures(_event_columns(
         run_dir, rank, highest)) for rank in listed), EventFigures())
-    present = sorted(set(ranks_with_rows(meta, units, markers)) | figures.ranks)
-    return _numbers(figures, ranks=present, world_size=world_size_of(meta, present),
-                    units=units, markers=markers, clean_close=sum(
-                        e == "clean close" for e in _endings(markers, present).values()))
+    return _numbers(figures, meta=meta, units=units, markers=markers)
 
 
 def _event_columns(run_dir: Path, rank: int, highest: int | None) -> pd.DataFrame:
@@ -212,8 +205,12 @@ def _event_columns(run_dir: Path, rank: int, highest: int | None) -> pd.DataFram
     return table.select(["rank", "step", "micro_step", "t_ns"]).to_pandas()
 
 
-def _numbers(events: EventFigures, *, ranks: list[int], world_size: int, units: pd.DataFrame,
-             markers: pd.DataFrame, clean_close: int) -> dict[str, object]:
+def _numbers(events: EventFigures, *, meta: pd.DataFrame, units: pd.DataFrame,
+             markers: pd.DataFrame) -> dict[str, object]:
+    """The run in numbers, from its events' figures and every rank's meta, units and markers
+    (the ranks and world size as ``Trace`` has them)."""
+    ranks = sorted(set(ranks_with_rows(meta, units, markers)) | events.ranks)
+    world_size = world_size_of(meta, ranks)
     span = 0.0
     if events.first_ns is not None and events.last_ns is not None:
         span = (events.last_ns - events.first_ns) / 1e9
@@ -227,7 +224,7 @@ def _numbers(events: EventFigures, *, ranks: list[int], world_size: int, units: 
         "units": int(units["unit"].nunique()) if len(units) else 0,
         "events": events.num_events,
         "time_span_s": round(span, 3),
-        "clean_close": int(clean_close),
+        "clean_close": sum(e == "clean close" for e in _endings(markers, ranks).values()),
         **losses(markers, lost),
         "incomplete_steps": {str(row.rank): f"{row.steps} ({row.tables})"
                              for row in incomplete_per_rank(lost).itertuples()},
