@@ -132,13 +132,11 @@ def render_summary(run: RunSummary, out: TextIO) -> None:
     dump(summary_document(run), out)
 
 
-def render_suggest(analysis: Analysis, out: TextIO, *, model: str = "model") -> None:
+def render_suggest(suggestion: Suggestion, out: TextIO, *, model: str = "model") -> None:
     """``--format json`` of ``suggest``."""
     from fsdptrace.render.text import run_dir_label
-    from fsdptrace.views.suggest import suggest
 
-    dump(suggest_document(suggest(analysis.trace), run_dir=run_dir_label(analysis),
-                          model=model), out)
+    dump(suggest_document(suggestion, run_dir=run_dir_label(suggestion), model=model), out)
 
 
 def dump(doc: dict[str, Any], out: TextIO) -> None:

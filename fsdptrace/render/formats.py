@@ -20,9 +20,11 @@ from typing import Generic, TextIO, TypeVar
 from fsdptrace.analysis.result import Analysis
 from fsdptrace.render import as_json, markdown, summary_text, text
 from fsdptrace.render.output import STDOUT, write_text
+from fsdptrace.views.suggest import Suggestion
 from fsdptrace.views.summary import RunSummary
 
-# What a renderer draws: an ``Analysis``, or for ``summary`` a ``RunSummary``.
+# What a renderer draws: an ``Analysis``, or for ``summary`` a ``RunSummary`` and for
+# ``suggest`` a ``Suggestion``.
 Drawn = TypeVar("Drawn")
 Renderer = Callable[[Analysis, TextIO], None]
 
@@ -45,13 +47,11 @@ def chrome_trace(analysis: Analysis, out: TextIO) -> None:
     write_chrome_trace(analysis.trace, analysis.findings, out)
 
 
-def suggestion_text(analysis: Analysis, out: TextIO, *, model: str = "model") -> None:
+def suggestion_text(suggestion: Suggestion, out: TextIO, *, model: str = "model") -> None:
     """The prefetch calls matching the observed order, and the diff against the configured."""
-    from fsdptrace.reading.unit_names import module_types
-    from fsdptrace.views.suggest import suggest, write_suggestion
+    from fsdptrace.views.suggest import write_suggestion
 
-    trace = analysis.trace
-    write_suggestion(suggest(trace), out, model=model, types=module_types(trace.units))
+    write_suggestion(suggestion, out, model=model, types=suggestion.module_types)
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ SUMMARY_FORMATS: dict[str, Format[RunSummary]] = {
     "text": Format(summary_text.render, "the run in numbers, then one row per rank"),
     "json": Format(as_json.render_summary, "the same as fields (fsdptrace/schemas/)"),
 }
-SUGGEST_FORMATS: dict[str, Format[Analysis]] = {
+SUGGEST_FORMATS: dict[str, Format[Suggestion]] = {
     "text": Format(suggestion_text, "the calls to paste, then the edge diff"),
     "json": Format(as_json.render_suggest, "the same as fields (fsdptrace/schemas/)"),
 }

@@ -14,6 +14,7 @@ from fsdptrace.render.watcher_text import watcher_lines
 
 if TYPE_CHECKING:
     from fsdptrace.analysis.result import Analysis
+    from fsdptrace.views.suggest import Suggestion
     from fsdptrace.views.summary import RunSummary
 
 MAX_LINES_PER_CHECK = 20
@@ -117,6 +118,6 @@ def writer_lines(analysis: Analysis) -> list[str]:
             if text != "none"]
 
 
-def run_dir_label(analysis: Analysis | RunSummary) -> str:
+def run_dir_label(analysis: Analysis | RunSummary | Suggestion) -> str:
     """Where the analysis read from, as its outputs name it."""
     return str(analysis.run_dir) if analysis.run_dir is not None else "(a trace in memory)"

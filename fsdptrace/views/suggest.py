@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import keyword
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TextIO
 
 import pandas as pd
 
 from fsdptrace.checks.kernel.order import GROUP
 from fsdptrace.checks.kernel.tables import RankTables
-from fsdptrace.reading.trace import Trace
+from fsdptrace.reading.trace import Trace, read_rank_by_rank
+from fsdptrace.reading.unit_names import module_types
 from fsdptrace.store import schema
 
 ADD = "add"
@@ -52,6 +54,14 @@ class Suggestion:
     proposed: pd.DataFrame  # unit, phase, target
     configured: pd.DataFrame  # unit, phase, target
     diff: pd.DataFrame  # unit, phase, target, action (add / remove / keep)
+    run_dir: Path | None = None  # where it was read from (None: a trace in memory)
+    # Module types of positional unit names (``fsdptrace.reading.unit_names``), for display.
+    module_types: dict[str, str] = field(default_factory=dict)
+
+
+# Per phase, each order's key (unit names joined by ``_SEPARATOR``) and how often it ran, in
+# the order first seen: the most common order is the first of the most frequent.
+OrderCounts = dict[str, dict[str, int]]
 
 
 def observed_order(trace: Trace, phase: str) -> tuple[str, ...]:
@@ -60,17 +70,32 @@ def observed_order(trace: Trace, phase: str) -> tuple[str, ...]:
     The cut-off tail of a stalled rank is left out (it was interrupted, not run that way);
     ties go to the order seen first (lowest rank, earliest step).
     """
+    counts: OrderCounts = {phase: {}}
+    count_orders(trace, counts)
+    return most_common(counts[phase])
+
+
+def count_orders(trace: Trace, counts: OrderCounts) -> None:
+    """Add each order ``trace`` ran of the phases in ``counts`` (one per rank, step and
+    micro-step) to their counts; ``trace``'s ranks are taken in order, so adding the ranks
+    of a run one trace at a time, lowest first, keeps the order they were first seen in."""
     calls = RankTables.from_trace(trace).complete
     firsts = calls.frame(calls.first)
-    positioned = firsts[firsts["phase"] == phase]
-    if not len(positioned):
+    for phase, seen in counts.items():
+        positioned = firsts[firsts["phase"] == phase]
+        if not len(positioned):
+            continue
+        keyed = positioned.sort_values(GROUP + ["position"]).assign(
+            unit=positioned["unit"].astype(str))
+        for key in keyed.groupby(GROUP, observed=True, sort=True)["unit"].agg(_SEPARATOR.join):
+            seen[key] = seen.get(key, 0) + 1
+
+
+def most_common(seen: dict[str, int]) -> tuple[str, ...]:
+    """The order counted most often (the first seen among equals); () where none ran."""
+    if not seen:
         return ()
-    keyed = positioned.sort_values(GROUP + ["position"]).assign(
-        unit=positioned["unit"].astype(str))
-    orders = keyed.groupby(GROUP, observed=True, sort=True)["unit"].agg(_SEPARATOR.join)
-    counts = orders.value_counts(sort=False)  # keeps first-seen order among equal counts
-    best = counts[counts == counts.max()].index[0]
-    return tuple(str(best).split(_SEPARATOR))
+    return tuple(max(seen, key=seen.__getitem__).split(_SEPARATOR))
 
 
 def proposed_edges(forward_order: tuple[str, ...], backward_order: tuple[str, ...]
@@ -91,12 +116,16 @@ def proposed_edges(forward_order: tuple[str, ...], backward_order: tuple[str, ..
 def configured_edges(trace: Trace) -> pd.DataFrame:
     """Edges in effect at the last recorded step, on any rank (a fix applies to all ranks)."""
     if not len(trace.prefetch):
-        return pd.DataFrame(columns=EDGE_COLUMNS, dtype="object")
+        return _no_edges()
     last_step = int(trace.prefetch["step"].max())
     edges = trace.prefetch_edges(step=last_step)
     edges = edges.sort_values(["unit", "phase", "target_index"], kind="stable")
     out = edges[EDGE_COLUMNS].astype(str).drop_duplicates()
     return out.reset_index(drop=True)
+
+
+def _no_edges() -> pd.DataFrame:
+    return pd.DataFrame(columns=EDGE_COLUMNS, dtype="object")
 
 
 def diff_edges(configured: pd.DataFrame, proposed: pd.DataFrame,
@@ -122,7 +151,7 @@ def implicit_edges(trace: Trace) -> pd.DataFrame:
     ``implicit``, issued or found already pending); none without all-gather provenance."""
     gathers = trace.allgathers
     if not len(gathers):
-        return pd.DataFrame(columns=EDGE_COLUMNS, dtype="object")
+        return _no_edges()
     implicit = gathers[gathers["issuer_kind"].astype(str) == IMPLICIT]
     edges = pd.DataFrame({"unit": implicit["issuer_unit"].astype(str),
                           "phase": implicit["phase"].astype(str),
@@ -132,13 +161,35 @@ def implicit_edges(trace: Trace) -> pd.DataFrame:
 
 def suggest(trace: Trace) -> Suggestion:
     """The prefetch configuration matching the observed order, and how it differs from now."""
-    forward = observed_order(trace, schema.FORWARD)
-    backward = observed_order(trace, schema.BACKWARD)
+    counts: OrderCounts = {schema.FORWARD: {}, schema.BACKWARD: {}}
+    count_orders(trace, counts)
+    return _suggestion(counts, trace, implicit_edges(trace))
+
+
+def suggest_run_dir(run_dir: Path) -> Suggestion:
+    """``suggest(load(run_dir))``, holding one rank's events and all-gathers at a time (and
+    every rank's meta, units, markers and prefetch snapshots, which are few)."""
+    run = read_rank_by_rank(run_dir, ("meta", "units", "markers", "prefetch"))
+    counts: OrderCounts = {schema.FORWARD: {}, schema.BACKWARD: {}}
+    implicit = []
+    for rank in run.traces(("events", "allgathers")):
+        count_orders(rank, counts)
+        implicit.append(implicit_edges(rank))
+    found = pd.concat(implicit, ignore_index=True) if implicit else _no_edges()
+    return _suggestion(counts, run.whole_trace(),
+                       found.drop_duplicates().reset_index(drop=True))
+
+
+def _suggestion(counts: OrderCounts, trace: Trace, implicit: pd.DataFrame) -> Suggestion:
+    """The suggestion from the counted orders, ``trace``'s prefetch snapshots and units, and
+    the edges FSDP2 prefetched by default."""
+    forward = most_common(counts[schema.FORWARD])
+    backward = most_common(counts[schema.BACKWARD])
     proposed = proposed_edges(forward, backward)
     configured = configured_edges(trace)
-    diff = diff_edges(configured, proposed, implicit=implicit_edges(trace))
     return Suggestion(forward_order=forward, backward_order=backward, proposed=proposed,
-                      configured=configured, diff=diff)
+                      configured=configured, diff=diff_edges(configured, proposed, implicit),
+                      run_dir=trace.run_dir, module_types=module_types(trace.units))
 
 
 def module_expression(unit: str, *, model: str = "model") -> str | None:

@@ -11,12 +11,10 @@ import pandas as pd
 
 from fsdptrace.reading import allgathers, endings, incomplete, reader, unsharded
 from fsdptrace.reading.trace import (
-    TABLE_NAMES,
     Trace,
-    check_meta,
     ranks_with_rows,
     read_frame,
-    to_frame,
+    read_rank_by_rank,
     world_size_of,
 )
 from fsdptrace.reading.unit_names import module_types
@@ -52,33 +50,8 @@ def summarize(trace: Trace) -> RunSummary:
 def summarize_run_dir(run_dir: Path) -> RunSummary:
     """``summarize(load(run_dir))``, holding one rank's events and all-gathers at a time (and
     every rank's meta, units and markers)."""
-    reader.check_run_dir(run_dir)
-    listed = reader.discover_ranks(run_dir)
-    meta, units, markers = (read_frame(run_dir, t, listed) for t in ("meta", "units", "markers"))
-    check_meta(meta, run_dir)
-    highest = reader.highest_meta_rank(run_dir)
-    small = {"meta": _by_rank(meta), "units": _by_rank(units), "markers": _by_rank(markers)}
-    none = {"meta": meta.iloc[:0], "units": units.iloc[:0], "markers": markers.iloc[:0]}
-
-    def rank_trace(rank: int) -> Trace:
-        # Every table is read, as ``load`` reads it: what the summary does not count is still
-        # validated (a table of a newer version, a bad value: refused, as by every command).
-        read = {t: reader.read_rank(run_dir, t, rank, highest_rank=highest)
-                for t in TABLE_NAMES if t not in small}
-        kept = {t: to_frame(reader.concat_ranks([read[t]], t)) for t in ("events", "allgathers")}
-        return Trace(run_dir=run_dir, prefetch=pd.DataFrame(), gradients=pd.DataFrame(),
-                     pending=pd.DataFrame(), **kept,
-                     **{t: parts.get(rank, none[t]) for t, parts in small.items()})
-
-    return _summary(run_dir, map(rank_trace, listed), meta=meta, units=units, markers=markers)
-
-
-def _by_rank(frame: pd.DataFrame) -> dict[int, pd.DataFrame]:
-    """``frame``'s rows of each rank (one pass, not one filter per rank)."""
-    if not len(frame):
-        return {}
-    return {int(rank): part for rank, part in frame.groupby(
-        frame["rank"].astype("int64"), sort=False)}
+    run = read_rank_by_rank(run_dir, ("meta", "units", "markers"))
+    return _summary(run_dir, run.traces(("events", "allgathers")), **run.whole)
 
 
 def _summary(run_dir: Path | None, batches: Iterable[Trace], *, meta: pd.DataFrame,

@@ -26,9 +26,8 @@ def command(run_dir: Path, model: str, fmt: str) -> None:
       fsdptrace suggest runs/a
       fsdptrace suggest runs/a --model self.model --format json
     """
-    from fsdptrace.analysis.run import analyze
-    from fsdptrace.reading.trace import load
     from fsdptrace.render.formats import SUGGEST_FORMATS, write
+    from fsdptrace.views.suggest import suggest_run_dir
 
     write(functools.partial(SUGGEST_FORMATS[fmt].render, model=model),
-          analyze(load(run_dir), checks=()))
+          suggest_run_dir(run_dir))
