@@ -16,8 +16,9 @@ import fsdptrace
 from fsdptrace.checks import CHECKS
 from fsdptrace.checks.findings import COLUMNS
 from fsdptrace.render import as_json
-from fsdptrace.render.formats import SUMMARY_FORMATS, write
+from fsdptrace.render.formats import SUGGEST_FORMATS, SUMMARY_FORMATS, write
 from fsdptrace.version import __version__
+from fsdptrace.views.suggest import suggest
 from fsdptrace.views.summary import summarize
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -96,39 +97,52 @@ def test_analyze_json_says_the_run_in_the_numbers_summary_says(run_dir: Path) ->
     assert numbers["events"] > 0 and numbers["ranks"] == len(summary["per_rank"])
 
 
-def test_analyze_json_never_loads_the_whole_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Loading every table of a 64-rank run of 10M events took 5 GB for these numbers."""
+@pytest.fixture
+def never_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fsdptrace.load`` made to fail: what reads a rank at a time never calls it."""
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("fsdptrace.load called")
 
     monkeypatch.setattr("fsdptrace.reading.trace.load", refuse)
+
+
+@pytest.mark.usefixtures("never_loaded")
+def test_analyze_json_never_loads_the_whole_run() -> None:
+    """Loading every table of a 64-rank run of 10M events took 5 GB for these numbers."""
     doc = run_json("analyze", SAMPLES[0].parent / "killed-rank", "--format", "json", "-j", "1",
                    code=1)
     numbers = doc["summary"]
     assert (numbers["ranks"], numbers["steps"], numbers["events"]) == (2, 2, 51)
 
 
-@pytest.mark.parametrize("fmt", ["text", "json"])
+# Outputs that read a run dir a rank at a time, and what they print for a loaded trace.
+RANK_BY_RANK = {"summary": (SUMMARY_FORMATS, summarize), "suggest": (SUGGEST_FORMATS, suggest)}
+
+
+@pytest.mark.parametrize(("command", "fmt"), [
+    (command, fmt) for command, (formats, _) in RANK_BY_RANK.items() for fmt in formats])
 @pytest.mark.parametrize("run_dir", SAMPLES, ids=lambda p: p.name)
-def test_summary_of_a_run_dir_is_the_summary_of_its_loaded_trace(run_dir: Path,
-                                                                 fmt: str) -> None:
-    """``fsdptrace summary`` counts a rank at a time; what it prints is what the summary of the
-    whole run loaded in memory (``summarize(fsdptrace.load(...))``) prints."""
-    result = CliRunner().invoke(cli, ["summary", str(run_dir), "--format", fmt])
+def test_a_run_dir_read_rank_by_rank_prints_what_its_loaded_trace_prints(
+        run_dir: Path, command: str, fmt: str) -> None:
+    """``summary`` and ``suggest`` count a rank at a time; what they print is what the same
+    output of the whole run loaded in memory (``fsdptrace.load``) prints."""
+    result = CliRunner().invoke(cli, [command, str(run_dir), "--format", fmt])
     assert result.exit_code == 0, result.output
+    formats, view = RANK_BY_RANK[command]
     page = io.StringIO()
-    write(SUMMARY_FORMATS[fmt].render, summarize(fsdptrace.load(run_dir)), page)
+    write(formats[fmt].render, view(fsdptrace.load(run_dir)), page)
     assert result.stdout == page.getvalue()
 
 
-def test_summary_never_loads_the_whole_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Loading every table of a 64-rank run of 10M events took 9.3 GB for ``summary``."""
-    def refuse(*_: object, **__: object) -> None:
-        raise AssertionError("fsdptrace.load called")
-
-    monkeypatch.setattr("fsdptrace.reading.trace.load", refuse)
-    doc = run_json("summary", SAMPLES[0].parent / "killed-rank", "--format", "json")
+@pytest.mark.usefixtures("never_loaded")
+def test_summary_and_suggest_never_load_the_whole_run() -> None:
+    """Loading every table of a 64-rank run of 10M events took 9.3 GB for ``summary``, 4.9 GB
+    for ``suggest``."""
+    run_dir = SAMPLES[0].parent / "killed-rank"
+    doc = run_json("summary", run_dir, "--format", "json")
     assert (doc["ranks"], doc["events"], len(doc["per_rank"])) == (2, 51, 2)
+    doc = run_json("suggest", run_dir, "--format", "json")
+    assert doc["forward_order"] == ["<root>", "layers.0", "layers.1", "layers.2", "layers.3"]
 
 
 def test_suggest_json(scenario_runs: Path) -> None:

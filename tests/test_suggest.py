@@ -7,11 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from click.testing import CliRunner
-from fsdptrace_cli.main import cli
 
 import fsdptrace
-from fsdptrace.render.formats import SUGGEST_FORMATS, write
 from fsdptrace.views.suggest import (
     Suggestion,
     module_expression,
@@ -22,9 +19,6 @@ from fsdptrace.views.suggest import (
     suggest_run_dir,
     write_suggestion,
 )
-from tests.expectations import SAMPLES
-
-SAMPLE_DIR = Path(__file__).resolve().parents[1] / "sample_traces"
 
 LAYERS = ("<root>", "layers.0", "layers.1", "layers.2", "layers.3")
 BACKWARD = ("<root>", "layers.3", "layers.2", "layers.1", "layers.0")
@@ -135,31 +129,6 @@ def test_a_tie_goes_to_the_lowest_rank(scenario_runs: Path, read: str) -> None:
 def test_most_common_is_the_first_seen_among_equals() -> None:
     assert most_common({"b\x1fa": 2, "a\x1fb": 3, "c": 3}) == ("a", "b")
     assert most_common({}) == ()
-
-
-@pytest.mark.parametrize("fmt", SUGGEST_FORMATS)
-@pytest.mark.parametrize("sample", SAMPLES)
-def test_suggest_of_a_run_dir_is_the_suggestion_of_its_loaded_trace(sample: str,
-                                                                     fmt: str) -> None:
-    """``fsdptrace suggest`` counts a rank at a time; what it prints is what the suggestion of
-    the whole run loaded in memory prints."""
-    run_dir = SAMPLE_DIR / sample
-    result = CliRunner().invoke(cli, ["suggest", str(run_dir), "--format", fmt])
-    assert result.exit_code == 0, result.output
-    page = io.StringIO()
-    write(SUGGEST_FORMATS[fmt].render, suggest(fsdptrace.load(run_dir)), page)
-    assert result.stdout == page.getvalue()
-
-
-def test_suggest_never_loads_the_whole_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Loading every table of a 64-rank run of 10M events took 4.9 GB for ``suggest``."""
-    def refuse(*_: object, **__: object) -> None:
-        raise AssertionError("fsdptrace.load called")
-
-    monkeypatch.setattr("fsdptrace.reading.trace.load", refuse)
-    result = CliRunner().invoke(cli, ["suggest", str(SAMPLE_DIR / "killed-rank")])
-    assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("observed forward order: '<root>' -> 'layers.0' -> ")
 
 
 def test_killed_rank_cut_off_is_not_an_order(scenario_runs: Path) -> None:
