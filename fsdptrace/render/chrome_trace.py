@@ -59,7 +59,7 @@ def chrome_trace(trace: Trace, findings: pd.DataFrame) -> dict[str, Any]:
     gather_records, num_flows, num_lanes = _gathers(flights, spans, shift)
     records = (_metadata(ranks, num_lanes) + _units(spans)
                + _boundaries(trace.markers, shift) + gather_records
-               + _counter(unsharded.timeline(trace.allgathers), shift)
+               + _counter(unsharded.held_over_time(trace.allgathers), shift)
                + finding_instants(findings, spans, TRACKS))
     num_spans = int((spans["end_kind"] != NO_END).sum()) if len(spans) else 0
     return {

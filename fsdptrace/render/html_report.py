@@ -182,7 +182,7 @@ def step_payload(
 ) -> dict[str, Any]:
     """Everything the page draws for one optimizer step, aggregated by order signature.
 
-    ``spans``: ``unit_spans`` of the whole trace; ``ledger``: ``unsharded.timeline``;
+    ``spans``: ``unit_spans`` of the whole trace; ``ledger``: ``unsharded.held_over_time``;
     ``quiet``: ``silences.silences``, the silence before each rank's unclean end.
     """
     quiet = quiet or {}
@@ -271,7 +271,7 @@ def document(
     units = {name: i for i, name in enumerate(names)}
     steps = embedded_steps(trace, findings, max_steps=max_steps)
     spans = unit_spans(trace.events, trace.allgathers, trace.backward_grads)
-    ledger = unsharded.timeline(trace.allgathers)
+    ledger = unsharded.held_over_time(trace.allgathers)
     quiet = silences(trace, spans)
     label = labeller(module_types(trace.units))
     return {
@@ -299,7 +299,8 @@ def render(
 ) -> None:
     """Write the report for ``trace`` and its ``findings`` (from ``fsdptrace.analyze``)."""
     data = document(trace, findings, max_steps=max_steps, max_lanes=max_lanes)
-    label = labeller(module_types(trace.units))
+    types = module_types(trace.units)
+    label = labeller(types)
     page = _ENV.get_template("report.html.j2").render(
         verdict=verdict(findings, num_ranks=len(trace.ranks), world_size=trace.world_size,
                         incomplete=bool(len(incomplete.parse(trace.markers)))),
@@ -310,7 +311,7 @@ def render(
         data_json=jinja2.utils.markupsafe.Markup(script_json(data)),
         num_embedded=len(data["steps"]),
         num_steps=data["num_steps"],
-        memory=memory_view(trace.allgathers, types=module_types(trace.units)),
+        memory=memory_view(trace.allgathers, types=types),
         stacks=stack_blocks(trace.stacks),
     )
     out.write(page)

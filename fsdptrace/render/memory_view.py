@@ -25,7 +25,7 @@ def memory_view(allgathers: pd.DataFrame, *, max_ranks: int = MAX_RANKS,
     """``{"rows": [...], "hidden": n}``; each row: rank, peak and floor text, an SVG string.
     ``types``: module types of positional unit names, shown beside them."""
     label = labeller(types or {})
-    ledger = unsharded.timeline(allgathers)
+    ledger = unsharded.held_over_time(allgathers)
     if not len(ledger):
         return {"rows": [], "hidden": 0}
     peaks = unsharded.peaks(allgathers)

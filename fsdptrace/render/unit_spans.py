@@ -15,8 +15,11 @@ before the unit begins the same phase again" is exact even where clocks tie.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
+from fsdptrace.reading.keys import row_keys
+from fsdptrace.reading.text_columns import as_text
 from fsdptrace.store import schema
 
 FORWARD_END = "post-forward reshard"
@@ -34,33 +37,50 @@ def unit_spans(events: pd.DataFrame, allgathers: pd.DataFrame,
     if not len(begins):
         return pd.DataFrame(columns=SPAN_COLUMNS)
     begins = begins.sort_values("seq", kind="stable")
-    nxt = begins.sort_values([*_KEY, "seq"], kind="stable").groupby(_KEY)["seq"].shift(-1)
-    begins["next_seq"] = nxt.reindex(begins.index)
-    ends = pd.concat([_forward_ends(allgathers), _backward_ends(backward_grads)],
-                     ignore_index=True).sort_values("end_seq", kind="stable")
-    if not len(ends):
+    forward, backward = _forward_ends(allgathers), _backward_ends(backward_grads)
+    if not len(forward) and not len(backward):
         none = pd.array([pd.NA] * len(begins), dtype="Int64")
-        merged = begins.assign(end_seq=none, end_ns=none, end_kind=NO_END)
-        return merged.sort_values(["rank", "seq"], kind="stable").reset_index(drop=True)[
-            SPAN_COLUMNS]
-    merged = pd.merge_asof(begins, ends, left_on="seq", right_on="end_seq", by=_KEY,
-                           direction="forward", suffixes=("", "_end"))
+        return _spans(begins.assign(end_seq=none, end_ns=none, end_kind=NO_END))
+    # (rank, unit, phase) as one integer in all three tables, from the names' codes: merged
+    # and grouped on it, not on text (a categorical per table, each of its own names).
+    key, *end_keys = row_keys([begins, forward, backward], _KEY)
+    ends = pd.concat([e.drop(columns=_KEY).assign(_key=k)
+                      for e, k in zip((forward, backward), end_keys, strict=True)],
+                     ignore_index=True).sort_values("end_seq", kind="stable")
+    begins["next_seq"] = _next_of_same_key(key, begins["seq"].to_numpy())
+    merged = pd.merge_asof(begins.assign(_key=key), ends, left_on="seq", right_on="end_seq",
+                           by="_key", direction="forward")
     own = ((merged["step_end"] == merged["step"])
            & (merged["micro_step_end"] == merged["micro_step"])
            & (merged["next_seq"].isna() | (merged["end_seq"] < merged["next_seq"])))
     merged["end_seq"] = merged["end_seq"].where(own).astype("Int64")
     merged["end_ns"] = merged["end_ns"].where(own).astype("Int64")
     merged["end_kind"] = merged["end_kind"].where(own, NO_END)
-    return merged.sort_values(["rank", "seq"], kind="stable").reset_index(drop=True)[
-        SPAN_COLUMNS]
+    return _spans(merged)
+
+
+def _spans(begins: pd.DataFrame) -> pd.DataFrame:
+    """``SPAN_COLUMNS`` of begins with their ends, in (rank, seq) order, names as text."""
+    out = begins.sort_values(["rank", "seq"], kind="stable").reset_index(drop=True)
+    return out.assign(phase=as_text(out["phase"]), unit=as_text(out["unit"]))[SPAN_COLUMNS]
+
+
+def _next_of_same_key(key: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Per row (rows in ``seq`` order), the ``seq`` of the next row with the same key; NaN for
+    a key's last row."""
+    order = np.argsort(key, kind="stable")  # by key, in seq order within each
+    following = np.full(len(key), np.nan)
+    same = key[order[1:]] == key[order[:-1]]
+    following[order[:-1][same]] = seq[order[1:][same]]
+    return following
 
 
 def _forward_ends(allgathers: pd.DataFrame) -> pd.DataFrame:
     if not len(allgathers):
         return _ends(pd.DataFrame(columns=["rank", "seq", "t_ns", "step", "micro_step",
                                            "unit", "phase"]), FORWARD_END)
-    rows = allgathers[(allgathers["event"].astype(str) == "reshard")
-                      & (allgathers["phase"].astype(str) == schema.FORWARD)]
+    rows = allgathers[(as_text(allgathers["event"]) == "reshard")
+                      & (as_text(allgathers["phase"]) == schema.FORWARD)]
     return _ends(rows, FORWARD_END)
 
 
@@ -70,8 +90,9 @@ def _backward_ends(backward_grads: pd.DataFrame) -> pd.DataFrame:
     if not len(backward_grads):
         rows = pd.DataFrame(columns=["rank", "seq", "t_ns", "step", "micro_step", "unit"])
     else:
-        rows = backward_grads[backward_grads["via"].astype(str) != "idle"]
-    return _ends(rows.assign(phase=schema.BACKWARD), BACKWARD_END)
+        rows = backward_grads[as_text(backward_grads["via"]) != "idle"]
+    phase = pd.Categorical.from_codes(np.zeros(len(rows), dtype=np.int8), [schema.BACKWARD])
+    return _ends(rows.assign(phase=phase), BACKWARD_END)
 
 
 def _ends(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -84,10 +105,10 @@ def _ends(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
 
 
 def _plain(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """Integer and string columns: categoricals of different tables do not merge."""
+    """``columns`` of ``frame``: numbers as int64, names as the table holds them (compared
+    through ``row_keys``, which reads categoricals of different tables alike)."""
     out = pd.DataFrame(index=frame.index)
     for column in columns:
         values = frame[column] if column in frame else pd.Series(dtype=object)
-        text = column in ("unit", "phase")
-        out[column] = values.astype(str) if text else values.astype("int64")
+        out[column] = values if column in ("unit", "phase") else values.astype("int64")
     return out
