@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 import fsdptrace
+from fsdptrace.store import schema
 from fsdptrace.views.suggest import (
     Suggestion,
     module_expression,
@@ -19,6 +20,7 @@ from fsdptrace.views.suggest import (
     suggest_run_dir,
     write_suggestion,
 )
+from tests.trace_builder import ROOT, TraceBuilder, write_run_dir
 
 LAYERS = ("<root>", "layers.0", "layers.1", "layers.2", "layers.3")
 BACKWARD = ("<root>", "layers.3", "layers.2", "layers.1", "layers.0")
@@ -170,3 +172,28 @@ def test_hostile_names_stay_string_literals() -> None:
 @pytest.mark.parametrize("unit", ["layers.\u0661", "layers.\u00b2", "import.x", "\ufb01"])
 def test_odd_identifiers_use_get_submodule(unit: str) -> None:
     assert module_expression(unit) == f"model.get_submodule({unit!r})"
+
+
+def test_a_rank_hung_in_an_eval_forward_keeps_its_last_pass(tmp_path: Path) -> None:
+    """Every rank ran step 1 whole, then an eval forward before its optimizer step, and hung
+    there: step 1's passes are complete (the stops are eval forwards), so their orders count,
+    on the loaded trace and read rank by rank alike. Read without the eval forwards, every rank
+    seemed stopped in step 1's backward, that order was dropped, and the tie of step 0 (two
+    ranks each way) went to the order rank 0 ran first."""
+    units = [ROOT, "a", "b", "c"]
+    usual, swapped = [ROOT, "c", "b", "a"], [ROOT, "b", "c", "a"]
+    b = TraceBuilder(world_size=4)
+    for rank in range(4):
+        b.meta(rank)
+        for index, name in enumerate(units):
+            b.unit(rank, name, is_root=index == 0)
+        for step, backward in enumerate([usual if rank < 2 else swapped, swapped]):
+            b.marker(rank, step, 0, schema.MARKER_MICRO_STEP)
+            b.run(rank, step, 0, schema.FORWARD, units)
+            b.run(rank, step, 0, schema.BACKWARD, backward)
+            if step == 0:
+                b.marker(rank, 0, 0, schema.MARKER_OPTIMIZER_STEP)
+        b.eval_forward(rank, 1, ROOT)
+    run_dir = write_run_dir(b.build(), tmp_path / "run")
+    assert suggest(fsdptrace.load(run_dir)).backward_order == tuple(swapped)
+    assert suggest_run_dir(run_dir).backward_order == tuple(swapped)

@@ -213,17 +213,20 @@ class RankByRank:
 
     def traces(self, kept: Iterable[str]) -> Iterator[Trace]:
         """Per rank, in order: a ``Trace`` of its rows of the small tables and of ``kept``,
-        the other tables empty."""
-        kept = tuple(kept)
+        the other tables empty (read all the same: validated)."""
+        kept = set(kept)
         highest = reader.highest_meta_rank(self.run_dir)
         parts = {t: _by_rank(frame) for t, frame in self.whole.items()}
         for rank in self.ranks:
-            read = {t: reader.read_rank(self.run_dir, t, rank, highest_rank=highest)
-                    for t in TABLE_NAMES if t not in self.whole}
-            yield Trace(run_dir=self.run_dir, **{
-                t: to_frame(reader.concat_ranks([read[t]], t)) if t in kept else
-                parts[t].get(rank, self.whole[t].iloc[:0]) if t in parts else pd.DataFrame()
-                for t in TABLE_NAMES})
+            tables = {}
+            for table in TABLE_NAMES:
+                if table in self.whole:
+                    tables[table] = parts[table].get(rank, self.whole[table].iloc[:0])
+                    continue
+                read = reader.read_rank(self.run_dir, table, rank, highest_rank=highest)
+                tables[table] = (to_frame(reader.concat_ranks([read], table)) if table in kept
+                                 else pd.DataFrame())
+            yield Trace(run_dir=self.run_dir, **tables)
 
 
 def read_rank_by_rank(run_dir: Path, whole: Iterable[str] = ("meta",)) -> RankByRank:

@@ -53,7 +53,8 @@ def held_over_time(allgathers: pd.DataFrame) -> pd.DataFrame:
     draw. Its names as text were most of its memory (3.7M rows: 445 MB against 120)."""
     rows = _lifecycle(allgathers).reset_index(drop=True)  # in (rank, seq) order
     held = held_after(rows) if len(rows) else np.zeros(0, dtype=np.int64)
-    return rows[HELD_COLUMNS[:-1]].assign(held_bytes=pd.Series(held, dtype="int64"))
+    return rows[[c for c in HELD_COLUMNS if c != "held_bytes"]].assign(
+        held_bytes=pd.Series(held, dtype="int64"))
 
 
 def held_after(rows: pd.DataFrame, key: np.ndarray | None = None) -> np.ndarray:
@@ -66,8 +67,9 @@ def held_after(rows: pd.DataFrame, key: np.ndarray | None = None) -> np.ndarray:
     the caller has them.
     """
     rank = rows["rank"].to_numpy(dtype=np.int64)
-    size = np.where((rows["event"] == _HOLD).to_numpy(),
-                    rows["num_bytes"].to_numpy(dtype=np.int64), 0)
+    issue = (rows["event"] == _HOLD).to_numpy()
+    size = np.zeros(len(rows), dtype=np.int64)  # a free's bytes are not read (may be null)
+    size[issue] = rows["num_bytes"][issue].to_numpy(dtype=np.int64)
     key = group_ids(rows, ["rank", "unit", "group"]) if key is None else key
     before = pd.Series(size).groupby(key).shift(1, fill_value=0).to_numpy(dtype=np.int64)
     return pd.Series(size - before).groupby(rank).cumsum().to_numpy(dtype=np.int64)

@@ -26,6 +26,7 @@ from typing import TextIO
 import pandas as pd
 
 from fsdptrace.checks.kernel.order import GROUP
+from fsdptrace.checks.kernel.positions import COMPLETE_READS
 from fsdptrace.checks.kernel.tables import RankTables
 from fsdptrace.reading.trace import Trace, read_rank_by_rank
 from fsdptrace.reading.unit_names import module_types
@@ -78,7 +79,8 @@ def observed_order(trace: Trace, phase: str) -> tuple[str, ...]:
 def count_orders(trace: Trace, counts: OrderCounts) -> None:
     """Add each order ``trace`` ran of the phases in ``counts`` (one per rank, step and
     micro-step) to their counts; ``trace``'s ranks are taken in order, so adding the ranks
-    of a run one trace at a time, lowest first, keeps the order they were first seen in."""
+    of a run one trace at a time, lowest first, keeps the order they were first seen in.
+    ``trace`` holds at least the tables of ``COMPLETE_READS``."""
     calls = RankTables.from_trace(trace).complete
     firsts = calls.frame(calls.first)
     for phase, seen in counts.items():
@@ -172,7 +174,7 @@ def suggest_run_dir(run_dir: Path) -> Suggestion:
     run = read_rank_by_rank(run_dir, ("meta", "units", "markers", "prefetch"))
     counts: OrderCounts = {schema.FORWARD: {}, schema.BACKWARD: {}}
     implicit = []
-    for rank in run.traces(("events", "allgathers")):
+    for rank in run.traces((*COMPLETE_READS, "allgathers")):
         count_orders(rank, counts)
         implicit.append(implicit_edges(rank))
     found = pd.concat(implicit, ignore_index=True) if implicit else _no_edges()

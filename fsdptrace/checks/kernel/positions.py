@@ -27,6 +27,10 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 # The unit code ``first_differences`` gives past an order's end (``order.END`` by name).
 ENDED = -2
+# The tables ``complete_positions`` reads: the events, and where a rank did not close, where
+# it stopped (``stops.stop_points``: its last pass, eval forward or optimizer step). A reader
+# that hands it fewer cuts off passes that ran whole (a rank hung in an eval forward).
+COMPLETE_READS = ("events", "markers", "eval_forwards")
 
 
 @dataclass
