@@ -40,21 +40,23 @@ PEAK_COLUMNS = [*_PASS, "peak_bytes", "floor_bytes", "excess_bytes", "peak_units
 
 def timeline(allgathers: pd.DataFrame) -> pd.DataFrame:
     """Every issue, reshard and drop, in order per rank, with the rank's bytes held after it."""
-    rows = _lifecycle(allgathers).reset_index(drop=True)  # in (rank, seq) order
-    held = held_after(rows) if len(rows) else np.zeros(0, dtype=np.int64)
+    rows = _held_rows(allgathers)
     for column in ("phase", "unit", "event"):
         rows[column] = as_text(rows[column])
-    rows["held_bytes"] = pd.Series(held, dtype="int64")
     return rows[TIMELINE_COLUMNS]
 
 
 def held_over_time(allgathers: pd.DataFrame) -> pd.DataFrame:
     """``timeline``'s numbers only (``HELD_COLUMNS``): what the report and the Chrome trace
     draw. Its names as text were most of its memory (3.7M rows: 445 MB against 120)."""
-    rows = _lifecycle(allgathers).reset_index(drop=True)  # in (rank, seq) order
+    return _held_rows(allgathers)[HELD_COLUMNS]
+
+
+def _held_rows(allgathers: pd.DataFrame) -> pd.DataFrame:
+    """``_lifecycle`` rows, in (rank, seq) order, with ``held_bytes``."""
+    rows = _lifecycle(allgathers).reset_index(drop=True)
     held = held_after(rows) if len(rows) else np.zeros(0, dtype=np.int64)
-    return rows[[c for c in HELD_COLUMNS if c != "held_bytes"]].assign(
-        held_bytes=pd.Series(held, dtype="int64"))
+    return rows.assign(held_bytes=pd.Series(held, dtype="int64"))
 
 
 def held_after(rows: pd.DataFrame, key: np.ndarray | None = None) -> np.ndarray:

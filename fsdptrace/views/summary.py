@@ -13,7 +13,6 @@ from fsdptrace.reading import allgathers, endings, incomplete, reader, unsharded
 from fsdptrace.reading.trace import (
     Trace,
     ranks_with_rows,
-    read_frame,
     read_rank_by_rank,
     world_size_of,
 )
@@ -164,12 +163,11 @@ def overview(trace: Trace) -> dict[str, object]:
 def overview_of_run_dir(run_dir: Path) -> dict[str, object]:
     """``overview`` of the run dir's ``load``, reading its events one rank at a time: what it
     holds at once is one rank's events and every rank's meta, units and markers."""
-    listed = reader.discover_ranks(run_dir)
-    meta, units, markers = (read_frame(run_dir, t, listed) for t in ("meta", "units", "markers"))
+    run = read_rank_by_rank(run_dir, ("meta", "units", "markers"))
     highest = reader.highest_meta_rank(run_dir)
     figures = reduce(EventFigures.__add__, (event_figures(_event_columns(
-        run_dir, rank, highest)) for rank in listed), EventFigures())
-    return _numbers(figures, meta=meta, units=units, markers=markers)
+        run_dir, rank, highest)) for rank in run.ranks), EventFigures())
+    return _numbers(figures, **run.whole)
 
 
 def _event_columns(run_dir: Path, rank: int, highest: int | None) -> pd.DataFrame:
