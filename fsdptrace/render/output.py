@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from fsdptrace.errors import UsageError
 
@@ -35,12 +42,144 @@ def check_writable(path: str | os.PathLike[str]) -> None:
         raise UsageError(f"cannot write {target}: permission denied")
 
 
+def write_page(path: str | os.PathLike[str], render: Callable[[TextIO], None]) -> None:
+    """Render a page whole, then write it into ``path``, never holding it in memory.
+
+    The page is rendered into a nameless scratch file in ``path``'s folder (the system's
+    temporary folder if that one takes none); only once it is whole is ``path`` opened and the
+    page copied in. So a render that fails leaves ``path`` as it was, ``path`` stays the file it
+    was (its inode, owner, mode, ACLs, a symlink or a bind mount: it is written as before,
+    not replaced), and a killed process leaves nothing behind (the scratch file has no name).
+    A deep run's Chrome trace is gigabytes: it takes disk beside the target, not memory. A
+    device or a pipe (``/dev/null``, ``/dev/stdout``, a FIFO) is written as it is rendered.
+    """
+    if _is_stream(path):
+        page = _Page(_open_bytes(path), encoding="utf-8")
+        with _closing_quietly(page):
+            _render_into(page, render, path)
+        return
+    scratch = _scratch_file(Path(path).parent)
+    if scratch is None:  # nowhere on disk: in memory, as small pages always could be
+        memory = io.StringIO()
+        render(memory)
+        write_text(path, memory.getvalue())
+        return
+    page = _Page(scratch, encoding="utf-8")
+    with _closing_quietly(page):
+        _render_into(page, render, path, " (while rendering it into a scratch file)")
+        scratch.seek(0)
+        out = _open_bytes(path)
+        try:
+            with out:
+                _copy(scratch, out)
+        except OSError as error:
+            raise _cannot_write(path, error) from None
+
+
+@contextlib.contextmanager
+def _closing_quietly(page: _Page) -> Iterator[None]:
+    """Close ``page`` at the end: its bytes are flushed already, or the write failed and
+    closing would only fail again (and hide the one line saying why)."""
+    try:
+        yield
+    finally:
+        try:
+            page.close()
+        except OSError:
+            pass
+
+
+def _render_into(page: _Page, render: Callable[[TextIO], None],
+                 path: str | os.PathLike[str], where: str = "") -> None:
+    """``render`` into ``page``; failing to write it is bad input, any other error is not."""
+    try:
+        render(page)
+        page.flush()
+    except _PageWriteError as error:
+        raise UsageError(f"cannot write {os.fspath(path)}: {error.strerror}{where}") from None
+
+
+def _open_bytes(path: str | os.PathLike[str]) -> BinaryIO:
+    try:
+        return open(path, "wb")  # noqa: SIM115
+    except OSError as error:
+        raise _cannot_write(path, error) from None
+
+
+def _cannot_write(path: str | os.PathLike[str], error: OSError) -> UsageError:
+    return UsageError(f"cannot write {os.fspath(path)}: {error.strerror}")
+
+
+def _is_stream(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is something other than a regular file (after symlinks)."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+_COPY_BYTES = 1 << 20
+
+
+def _copy(source: BinaryIO, target: BinaryIO) -> None:
+    """``source`` from where it stands into ``target``, in the kernel where it can."""
+    offset = source.tell()
+    try:
+        size = os.fstat(source.fileno()).st_size
+        while offset < size:
+            sent = os.sendfile(target.fileno(), source.fileno(), offset, size - offset)
+            if not sent:
+                break
+            offset += sent
+        if offset >= size:
+            return
+    except (AttributeError, io.UnsupportedOperation):
+        pass
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSOCK):
+            raise
+    source.seek(offset)
+    shutil.copyfileobj(source, target, _COPY_BYTES)
+
+
+class _PageWriteError(OSError):
+    """Writing the scratch file failed (a full disk): not an error of the render itself."""
+
+
+class _Page(io.TextIOWrapper):
+    """The scratch file as the text stream a renderer writes; its write errors are told apart
+    from the render's own (an ``OSError`` reading the run dir is not "cannot write")."""
+
+    def write(self, text: str) -> int:
+        try:
+            return super().write(text)
+        except OSError as error:
+            raise _PageWriteError(error.errno, error.strerror) from error
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as error:
+            raise _PageWriteError(error.errno, error.strerror) from error
+
+
+def _scratch_file(folder: Path) -> BinaryIO | None:
+    """A file with no name (``O_TMPFILE`` where the filesystem has it) in ``folder``, else in
+    the system's temporary folder; None where neither takes one."""
+    for where in (folder, None):
+        try:
+            return tempfile.TemporaryFile(dir=where)
+        except OSError:
+            continue
+    return None
+
+
 def open_for_writing(path: str | os.PathLike[str]) -> TextIO:
     """Open ``path`` to write text; an ``OSError`` becomes one line of bad input."""
     try:
         return open(path, "w", encoding="utf-8")  # noqa: SIM115
     except OSError as error:
-        raise UsageError(f"cannot write {os.fspath(path)}: {error.strerror}") from None
+        raise _cannot_write(path, error) from None
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -49,4 +188,4 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         try:
             out.write(text)
         except OSError as error:
-            raise UsageError(f"cannot write {os.fspath(path)}: {error.strerror}") from None
+            raise _cannot_write(path, error) from None
