@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,12 @@ import pytest
 
 import fsdptrace
 from fsdptrace.reading import unsharded
-from fsdptrace.render.chrome_trace import COUNTER, write_chrome_trace
+from fsdptrace.render.chrome_trace import (
+    COUNTER,
+    chrome_trace,
+    write_chrome_trace,
+    write_run_dir_chrome_trace,
+)
 from fsdptrace.render.wall_clock import shifts, wall_ns
 
 REQUIRED = {"X": {"name", "ph", "ts", "dur", "pid", "tid"},
@@ -207,6 +213,54 @@ def test_a_recording_without_ends_has_instants_and_gathers_without_flows(
     assert of(doc, "X", "unit") == [] and len(of(doc, "i", "unit")) == len(trace.events)
     assert len(of(doc, "X", "all-gather")) == doc["otherData"]["num_all_gathers"] > 0
     assert of(doc, "s") == [] and doc["otherData"]["num_all_gather_flows"] == 0
+
+
+SAMPLES = sorted(p for p in (Path(__file__).resolve().parents[1] / "sample_traces").iterdir()
+                 if p.is_dir())
+
+
+def _missing_rank_1(tmp_path: Path) -> Path:
+    """The clean sample with rank 1's files gone: its stall finding names a rank with no data."""
+    run = tmp_path / "missing"
+    shutil.copytree(SAMPLES[0].parent / "clean", run)
+    for folder in run.glob("*/rank=1"):
+        shutil.rmtree(folder)
+    return run
+
+
+@pytest.mark.parametrize("name", [p.name for p in SAMPLES] + ["missing-rank-1"])
+def test_a_run_dir_drawn_rank_by_rank_is_its_loaded_trace_drawn(name: str, tmp_path: Path
+                                                                 ) -> None:
+    """``fsdptrace export`` reads a rank at a time: the same records (in rank order, not the
+    loaded trace's) and the same run facts as the trace loaded whole; flow ids stay unique."""
+    run = _missing_rank_1(tmp_path) if name == "missing-rank-1" else SAMPLES[0].parent / name
+    trace = fsdptrace.load(run)
+    findings = fsdptrace.analyze(trace).findings
+    whole = io.StringIO()
+    write_chrome_trace(trace, findings, whole)
+    by_rank = io.StringIO()
+    write_run_dir_chrome_trace(run, findings, by_rank)
+    loaded, read = json.loads(whole.getvalue()), json.loads(by_rank.getvalue())
+    assert read["otherData"] == loaded["otherData"]
+    assert sorted(map(_canonical, read["traceEvents"])) == sorted(
+        map(_canonical, loaded["traceEvents"]))
+    starts = [e["id"] for e in of(read, "s")]
+    assert len(starts) == len(set(starts)) == read["otherData"]["num_all_gather_flows"]
+    if name == "missing-rank-1":
+        assert [e["pid"] for e in of(read, "M") if e["name"] == "process_name"] == [0, 1]
+        assert any(e["pid"] == 1 for e in of(read, "i", "finding"))
+
+
+def test_the_written_bytes_are_the_document_as_json() -> None:
+    trace = fsdptrace.load(SAMPLES[0].parent / "killed-rank")
+    findings = fsdptrace.analyze(trace).findings
+    out = io.StringIO()
+    write_chrome_trace(trace, findings, out)
+    assert out.getvalue() == json.dumps(chrome_trace(trace, findings)) + "\n"
+
+
+def _canonical(record: dict[str, Any]) -> str:
+    return json.dumps(record, sort_keys=True)
 
 
 def test_a_rank_without_anchor_moves_no_other_rank_by_a_rounding() -> None:

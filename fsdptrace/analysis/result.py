@@ -93,6 +93,12 @@ class Analysis:
         assert self.run_dir is not None
         return load(self.run_dir)
 
+    @property
+    def trace_in_memory(self) -> Trace | None:
+        """The trace if it is in memory already (analyzed, or ``trace`` read): an output that
+        can read the run dir a rank at a time draws this instead when there is one."""
+        return self.source if self.source is not None else self.__dict__.get("trace")
+
     def __repr__(self) -> str:
         where = self.run_dir if self.run_dir is not None else "a trace in memory"
         return (f"<fsdptrace.Analysis {where}: {self.verdict}, {self.count(ERROR)} error(s), "

@@ -16,15 +16,18 @@ _FINDING_KEYS = (
 )
 
 
-def finding_instants(findings: pd.DataFrame, events: pd.DataFrame,
-                     tracks: dict[str, int]) -> list[dict[str, Any]]:
-    """Each finding at the first event it names; else at its rank's last event.
+def finding_instants(findings: pd.DataFrame, events: pd.DataFrame, tracks: dict[str, int],
+                     *, end: float | None = None) -> list[dict[str, Any]]:
+    """Each finding at the first event it names; else at its rank's last event; else (no
+    rank, or a rank without events) at ``end``, by default the last of ``events``.
 
     ``events`` carries ``ts`` (the trace's clock); ``tracks`` maps a phase to its ``tid``.
     """
     if not len(findings):
         return []
-    placed = _place_findings(findings.reset_index(drop=True), events)
+    if end is None:
+        end = float(events["ts"].max()) if len(events) else 0.0
+    placed = _place_findings(findings.reset_index(drop=True), events, end)
     records = []
     for row in placed.itertuples(index=False):
         has_rank = pd.notna(row.rank)
@@ -39,7 +42,7 @@ def finding_instants(findings: pd.DataFrame, events: pd.DataFrame,
     return records
 
 
-def _place_findings(findings: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+def _place_findings(findings: pd.DataFrame, events: pd.DataFrame, end: float) -> pd.DataFrame:
     """Add ``ts`` to each finding by the narrowest key set that matches an event."""
     ts = pd.Series(np.nan, index=findings.index)
     keyed = events
@@ -52,7 +55,6 @@ def _place_findings(findings: pd.DataFrame, events: pd.DataFrame) -> pd.DataFram
         hits = probe.merge(_as_keys(first[keys]).assign(hit=first["hit"]), on=keys, how="left")
         ts.loc[hits["index"]] = hits["hit"].to_numpy()
     last = events.groupby("rank")["ts"].max() if len(events) else pd.Series(dtype=float)
-    end = float(events["ts"].max()) if len(events) else 0.0
     fallback = findings["rank"].map(lambda r: last.get(int(r), end) if pd.notna(r) else end)
     return findings.assign(ts=ts.fillna(fallback.astype(float)))
 

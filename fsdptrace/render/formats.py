@@ -1,16 +1,15 @@
 """Every output of an analysis, by name: one table, one signature, one way to write a file.
 
-Each renderer is ``render(analysis, out)``: it draws what an ``Analysis`` holds (loading the
-run's tables through it where a picture needs them) and computes no finding itself. The
-commands pick one by ``--format``; a notebook can call any of them on ``fsdptrace.analyze``'s
-result. Outputs are rendered whole in memory before the file is opened, so a failure never
+Each renderer is ``render(analysis, out)``: it draws what an ``Analysis`` holds (reading the
+run's tables where a picture needs them) and computes no finding itself. The commands pick one
+by ``--format``; a notebook can call any of them on ``fsdptrace.analyze``'s result. Outputs are
+rendered whole on disk before the target is opened (``output.write_page``), so a failure never
 leaves half a page behind, and a path that cannot be written is refused before any work
 (``output.check_writable``).
 """
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from typing import Generic, TextIO, TypeVar
 
 from fsdptrace.analysis.result import Analysis
 from fsdptrace.render import as_json, markdown, summary_text, text
-from fsdptrace.render.output import STDOUT, write_text
+from fsdptrace.render.output import STDOUT, write_page
 from fsdptrace.views.suggest import Suggestion
 from fsdptrace.views.summary import RunSummary
 
@@ -41,10 +40,15 @@ def html(analysis: Analysis, out: TextIO, *, max_steps: int | None = None) -> No
 
 
 def chrome_trace(analysis: Analysis, out: TextIO) -> None:
-    """Chrome Trace Event JSON for Perfetto and chrome://tracing (``fsdptrace export``)."""
-    from fsdptrace.render.chrome_trace import write_chrome_trace
+    """Chrome Trace Event JSON for Perfetto and chrome://tracing (``fsdptrace export``): a
+    run dir is read a rank at a time."""
+    from fsdptrace.render import chrome_trace as chrome
 
-    write_chrome_trace(analysis.trace, analysis.findings, out)
+    trace = analysis.trace_in_memory
+    if trace is None and analysis.run_dir is not None:
+        chrome.write_run_dir_chrome_trace(analysis.run_dir, analysis.findings, out)
+    else:
+        chrome.write_chrome_trace(analysis.trace, analysis.findings, out)
 
 
 def suggestion_text(suggestion: Suggestion, out: TextIO, *, model: str = "model") -> None:
@@ -84,14 +88,12 @@ def write(render: Callable[[Drawn, TextIO], None], analysis: Drawn,
           output: str | os.PathLike[str] | TextIO | None = None) -> None:
     """Render ``analysis`` to ``output``: a path, ``"-"`` or ``None`` for stdout, or a stream.
 
-    A path gets the whole page at once (rendered in memory first).
+    A path gets the whole page at once, or nothing (``output.write_page``).
     """
     if output is None or output == STDOUT:
         render(analysis, sys.stdout)
     elif isinstance(output, (str, os.PathLike)):
-        page = io.StringIO()
-        render(analysis, page)
-        write_text(output, page.getvalue())
+        write_page(output, lambda out: render(analysis, out))
     else:
         render(analysis, output)
 
