@@ -13,7 +13,7 @@ import signal
 import stat
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 import pytest
 
@@ -127,18 +127,31 @@ def test_a_write_error_is_one_line_of_bad_input_and_a_render_error_is_not(
         output.write_page(tmp_path / "out.json", render_reading_a_missing_file)
 
 
-def test_a_full_disk_while_copying_is_one_line_of_bad_input(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def full_disk(source: object, target: object, length: int = 0) -> None:
-        raise OSError(28, "No space left on device")
+@pytest.mark.parametrize("cut", [OSError(28, "No space left on device"), KeyboardInterrupt()],
+                         ids=["full-disk", "ctrl-c"])
+def test_a_copy_cut_short_leaves_no_new_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             cut: BaseException) -> None:
+    def half_then_cut(source: object, target: BinaryIO) -> None:
+        target.write(b"half a page")
+        raise cut
 
-    monkeypatch.setattr(output, "_copy", full_disk)
-    with pytest.raises(UsageError, match="cannot write .*out.json: No space left on device"):
+    monkeypatch.setattr(output, "_copy", half_then_cut)
+    expected = UsageError if isinstance(cut, OSError) else KeyboardInterrupt
+    with pytest.raises(expected, match="cannot write .*out.json: No space left on device"
+                       if expected is UsageError else None):
         output.write_page(tmp_path / "out.json", render_page)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_name_under_dev_is_written_as_rendered(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """/dev/stdout may lead to a regular file: no scratch file in /dev (RAM, as root)."""
+    monkeypatch.setattr(output, "_scratch_file", lambda folder: pytest.fail("a scratch file"))
+    output.write_page(os.devnull, render_page)
 
 
 def test_no_scratch_anywhere_falls_back_to_memory(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(output, "_scratch_file", lambda folder: None)
+    monkeypatch.setattr(output, "_scratch_file", lambda folder: (None, ""))
     output.write_page(tmp_path / "out.txt", render_page)
     assert (tmp_path / "out.txt").read_text() == PAGE

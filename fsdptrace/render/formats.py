@@ -3,9 +3,9 @@
 Each renderer is ``render(analysis, out)``: it draws what an ``Analysis`` holds (reading the
 run's tables where a picture needs them) and computes no finding itself. The commands pick one
 by ``--format``; a notebook can call any of them on ``fsdptrace.analyze``'s result. Outputs are
-rendered whole on disk before the target is opened (``output.write_page``), so a failure never
-leaves half a page behind, and a path that cannot be written is refused before any work
-(``output.check_writable``).
+rendered whole on disk before the target is opened (``output.write_page``), so a render that
+fails never leaves half a page behind, and a path that cannot be written is refused before any
+work (``output.check_writable``).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def write(render: Callable[[Drawn, TextIO], None], analysis: Drawn,
           output: str | os.PathLike[str] | TextIO | None = None) -> None:
     """Render ``analysis`` to ``output``: a path, ``"-"`` or ``None`` for stdout, or a stream.
 
-    A path gets the whole page at once, or nothing (``output.write_page``).
+    A path gets the page once it is rendered whole (``output.write_page``).
     """
     if output is None or output == STDOUT:
         render(analysis, sys.stdout)

@@ -49,8 +49,10 @@ def write_page(path: str | os.PathLike[str], render: Callable[[TextIO], None]) -
     temporary folder if that one takes none); only once it is whole is ``path`` opened and the
     page copied in. So a render that fails leaves ``path`` as it was, ``path`` stays the file it
     was (its inode, owner, mode, ACLs, a symlink or a bind mount: it is written as before,
-    not replaced), and a killed process leaves nothing behind (the scratch file has no name).
-    A deep run's Chrome trace is gigabytes: it takes disk beside the target, not memory. A
+    not replaced), and a process killed while rendering leaves nothing behind (the scratch file
+    has no name). A deep run's Chrome trace is gigabytes: it takes disk beside the target, not
+    memory, twice its size while it is copied in. A copy cut short (a full disk, Ctrl-C) removes
+    a file this call created; an existing file is then cut short, as any write cuts it. A
     device or a pipe (``/dev/null``, ``/dev/stdout``, a FIFO) is written as it is rendered.
     """
     if _is_stream(path):
@@ -58,7 +60,7 @@ def write_page(path: str | os.PathLike[str], render: Callable[[TextIO], None]) -
         with _closing_quietly(page):
             _render_into(page, render, path)
         return
-    scratch = _scratch_file(Path(path).parent)
+    scratch, folder = _scratch_file(Path(path).parent)
     if scratch is None:  # nowhere on disk: in memory, as small pages always could be
         memory = io.StringIO()
         render(memory)
@@ -66,14 +68,24 @@ def write_page(path: str | os.PathLike[str], render: Callable[[TextIO], None]) -
         return
     page = _Page(scratch, encoding="utf-8")
     with _closing_quietly(page):
-        _render_into(page, render, path, " (while rendering it into a scratch file)")
+        _render_into(page, render, path, f" (while rendering it into a scratch file in {folder})")
         scratch.seek(0)
+        created = not os.path.lexists(path)
         out = _open_bytes(path)
         try:
             with out:
                 _copy(scratch, out)
-        except OSError as error:
-            raise _cannot_write(path, error) from None
+        except BaseException as error:
+            if created:
+                _remove(path)
+            if isinstance(error, OSError):
+                raise _cannot_write(path, error) from None
+            raise
+
+
+def _remove(path: str | os.PathLike[str]) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 @contextlib.contextmanager
@@ -111,7 +123,10 @@ def _cannot_write(path: str | os.PathLike[str], error: OSError) -> UsageError:
 
 
 def _is_stream(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is something other than a regular file (after symlinks)."""
+    """Whether ``path`` is something other than a regular file: a device, a pipe, or a name
+    under /dev or /proc (``/dev/stdout`` leads to whatever stdout is, a file too)."""
+    if os.path.abspath(path).startswith(("/dev/", "/proc/")):
+        return True
     try:
         return not stat.S_ISREG(os.stat(path).st_mode)
     except OSError:
@@ -163,15 +178,15 @@ class _Page(io.TextIOWrapper):
             raise _PageWriteError(error.errno, error.strerror) from error
 
 
-def _scratch_file(folder: Path) -> BinaryIO | None:
+def _scratch_file(folder: Path) -> tuple[BinaryIO | None, str]:
     """A file with no name (``O_TMPFILE`` where the filesystem has it) in ``folder``, else in
-    the system's temporary folder; None where neither takes one."""
-    for where in (folder, None):
+    the system's temporary folder, and where it is; None where neither takes one."""
+    for where in (os.fspath(folder), tempfile.gettempdir()):
         try:
-            return tempfile.TemporaryFile(dir=where)
+            return tempfile.TemporaryFile(dir=where), where
         except OSError:
             continue
-    return None
+    return None, ""
 
 
 def open_for_writing(path: str | os.PathLike[str]) -> TextIO:
