@@ -128,6 +128,23 @@ def test_lanes_start_at_each_ranks_step_start_with_skew_and_recorded_ends(
         assert min(skews.values()) == 0
 
 
+def test_spans_made_a_rank_at_a_time_are_the_spans_of_the_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``unit_spans`` takes ranks in pieces of ``PIECE_ROWS`` begins: pieces of one rank give
+    the frame one piece of all ranks gives, on a generated run of stalled and dead ranks (rows
+    in journal tails) and a rank missing on disk."""
+    from fsdptrace.render import unit_spans as spans_module
+    from tests.synthetic import generate_tiny
+
+    generate_tiny(tmp_path / "run")
+    trace = fsdptrace.load(tmp_path / "run")
+    tables = (trace.events, trace.allgathers, trace.backward_grads)
+    whole = unit_spans(*tables)
+    assert whole["rank"].nunique() > 2 and whole["end_ns"].notna().any()
+    monkeypatch.setattr(spans_module, "PIECE_ROWS", 1)
+    pd.testing.assert_frame_equal(unit_spans(*tables), whole, check_exact=True)
+
+
 def test_prefetch_edges_are_embedded_with_the_order(scenario_runs: Path) -> None:
     trace = fsdptrace.load(scenario_runs / "wrong-forward-prefetch")
     data = html_report.document(trace, fsdptrace.analyze(trace).findings)
