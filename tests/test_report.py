@@ -145,6 +145,22 @@ def test_spans_made_a_rank_at_a_time_are_the_spans_of_the_whole(
     pd.testing.assert_frame_equal(unit_spans(*tables), whole, check_exact=True)
 
 
+def test_end_clocks_past_2_to_the_53_stay_exact(tmp_path: Path) -> None:
+    """``time.monotonic_ns()`` passes 2**53 on a host up ~104 days; a begin without an end (rank
+    0's forwards, its reshards left out) once sent every end's clock through float64."""
+    from tests.synthetic import generate_tiny
+
+    generate_tiny(tmp_path / "run")
+    trace = fsdptrace.load(tmp_path / "run")
+    gathers = trace.allgathers[trace.allgathers["rank"] != 0]
+    near, off = unit_spans(trace.events, gathers, trace.backward_grads), (1 << 53) + 12345
+    late = unit_spans(trace.events.assign(t_ns=trace.events["t_ns"] + off),
+                      gathers.assign(t_ns=gathers["t_ns"] + off),
+                      trace.backward_grads.assign(t_ns=trace.backward_grads["t_ns"] + off))
+    assert late["end_ns"].isna().any() and late["end_ns"].notna().any()
+    assert late["end_ns"].equals(near["end_ns"] + off)
+
+
 def test_prefetch_edges_are_embedded_with_the_order(scenario_runs: Path) -> None:
     trace = fsdptrace.load(scenario_runs / "wrong-forward-prefetch")
     data = html_report.document(trace, fsdptrace.analyze(trace).findings)

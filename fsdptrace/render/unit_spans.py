@@ -95,9 +95,16 @@ def _spans_of(events: pd.DataFrame, allgathers: pd.DataFrame,
     ends = pd.concat([e.drop(columns=_KEY).assign(_key=k)
                       for e, k in zip((forward, backward), end_keys, strict=True)],
                      ignore_index=True).sort_values("end_seq", kind="stable")
+    # An end's clock is taken by its row, not carried through the merge: a begin without an end
+    # makes the merged columns float64, which rounds clocks past 2**53 ns (a host up ~104 days).
+    clocks = ends.pop("end_ns").to_numpy(dtype=np.int64)
     begins["next_seq"] = _next_of_same_key(key, begins["seq"].to_numpy())
-    merged = pd.merge_asof(begins.assign(_key=key), ends, left_on="seq", right_on="end_seq",
-                           by="_key", direction="forward")
+    merged = pd.merge_asof(begins.assign(_key=key), ends.assign(_end=np.arange(len(ends))),
+                           left_on="seq", right_on="end_seq", by="_key", direction="forward")
+    row = merged["_end"].to_numpy(dtype=np.float64)
+    end_ns = pd.array(clocks[np.nan_to_num(row).astype(np.int64)], dtype="Int64")
+    end_ns[np.isnan(row)] = pd.NA
+    merged["end_ns"] = pd.Series(end_ns, index=merged.index)
     own = ((merged["step_end"] == merged["step"])
            & (merged["micro_step_end"] == merged["micro_step"])
            & (merged["next_seq"].isna() | (merged["end_seq"] < merged["next_seq"])))
