@@ -29,7 +29,8 @@ def check(tables: RankTables) -> pd.DataFrame:
     bypassed = ~is_root(tables, rank, unit) & ~began_forward_in_step(tables, rank, step, unit)
     if not bypassed.any():  # the usual step: every unit ran forward, no gradient to judge
         return findings.empty()
-    bypassed &= received_gradient(tables)
+    candidates = np.flatnonzero(bypassed)
+    bypassed[candidates] = received_gradient(tables, candidates)
     # A forward begin or a gradient the writer lost would read as a bypass: skip such steps.
     bypassed &= ~incomplete.in_steps(tables.incomplete, ("events", "gradients", "grads_written"),
                                      rank, step)

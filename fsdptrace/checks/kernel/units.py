@@ -35,27 +35,29 @@ def began_forward_in_step(tables: RankTables, rank: np.ndarray, step: np.ndarray
     return np.isin(asked, pd.unique(ran))
 
 
-def received_gradient(tables: RankTables) -> np.ndarray:
-    """Per gradients row, whether the parameter received a gradient during its optimizer step.
+def received_gradient(tables: RankTables, rows: np.ndarray) -> np.ndarray:
+    """For the gradients rows at positions ``rows``, whether the parameter received a gradient
+    during its optimizer step.
 
     A gradient held at the boundary counts only if it was written in the step (``grads_written``):
     ``zero_grad(set_to_none=False)`` leaves zero-filled buffers that nothing of the step wrote.
     Where a (rank, step) has no ``grads_written`` rows (older run dirs, a step whose start was
-    not recorded), holding a gradient is all there is to go on.
+    not recorded), holding a gradient is all there is to go on. Asked for a few rows (the
+    candidates of a check), only the written rows of their (rank, step)s are compared.
     """
     grads, written = tables.gradients, tables.grads_written
-    held = flag(grads["has_grad"])
+    held = flag(grads["has_grad"][rows])
     if written is None or not len(written):
         return held
-    rank, step = grads["rank"], grads["step"]
+    rank, step = grads["rank"][rows], grads["step"][rows]
     asked, known = fold([[rank, written["rank"]], [step, written["step"]]])
     unknown_step = ~np.isin(asked, known)
-    fresh = flag(written["written"])
+    fresh = flag(written["written"]) & np.isin(known, asked)
     # Labels are plain text (not vocab codes): one hash pass codes both tables' at once.
-    labels, _ = pd.factorize(np.concatenate([grads["param"], written["param"][fresh]]))
+    labels, _ = pd.factorize(np.concatenate([grads["param"][rows], written["param"][fresh]]))
     asked, wrote = fold([[rank, written["rank"][fresh]], [step, written["step"][fresh]],
-                         [grads["unit"], written["unit"][fresh]],
-                         [labels[:len(grads)], labels[len(grads):]]])
+                         [grads["unit"][rows], written["unit"][fresh]],
+                         [labels[:len(rows)], labels[len(rows):]]])
     return held & (unknown_step | np.isin(asked, wrote))
 
 
