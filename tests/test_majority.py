@@ -38,7 +38,8 @@ def comparison(seed: int) -> tuple[pd.DataFrame, list[str]]:
     else:
         frame["value"] = frame["value"].map(lambda v: None if pd.isna(v) else f"v{int(v)}"
                                             ).astype(kind)
-    frame = frame.astype({"slot": "uint64", "rank": "int64", "unit": "category"})
+    frame = frame.astype({"slot": "uint64", "rank": rng.choice(["int64", "int32"]),
+                          "unit": "category"})
     if rng.random() < 0.5:
         frame = frame.sample(frac=1, random_state=seed)  # rows in no order, index shuffled
     return frame, keys
@@ -94,6 +95,7 @@ def test_against_majority_follows_its_rule(every_row: bool) -> None:
         assert list(result.columns) == [*frame.columns, *COLUMNS]
         if len(result):
             assert result["reference"].dtype == frame["value"].dtype, seed
+            assert result["reference_rank"].dtype == frame["rank"].dtype, seed
         exercised["tie"] += bool(result["tied"].astype(bool).any()) if len(result) else 0
         exercised["null value"] += bool(result["value"].isna().any())
         exercised["outvoted"] += bool(len(result) and (~result["tied"].astype(bool)).any())
@@ -116,3 +118,12 @@ def test_the_rows_set_against_another_side_come_last() -> None:
     result = against_majority(frame, ["slot"], "value")
     assert list(zip(result["slot"], result["rank"], result["reference_rank"], strict=True)) == [
         (0, 5, 0), (0, 6, 0), (1, 2, 1), (1, 1, 2), (0, 0, 5), (0, 1, 5)]
+
+
+def test_with_every_row_the_agreeing_rows_come_first() -> None:
+    frame = pd.DataFrame({"slot": [0, 0, 0, 1, 1], "rank": [0, 1, 2, 0, 1],
+                          "value": ["x", "y", "x", "z", "z"]})
+    result = against_majority(frame, ["slot"], "value", every_row=True)
+    assert list(zip(result["slot"], result["rank"], result["reference_ranks"].notna(),
+                    strict=True)) == [(0, 0, False), (0, 2, False), (1, 0, False),
+                                      (1, 1, False), (0, 1, True)]

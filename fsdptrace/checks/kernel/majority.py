@@ -79,7 +79,7 @@ class _Sides:
         compared = group >= 0
         compared[compared] = sizes[group[compared]] >= 2
         self.rows = rows[compared]
-        self.group = np.unique(group[compared], return_inverse=True)[1].reshape(-1)
+        self.group = pd.factorize(group[compared])[0].astype(np.int64)
         self.rank = self.rows["rank"].to_numpy()
         code = _codes(self.rows, [value])
         held = np.flatnonzero(code >= 0)
@@ -165,7 +165,7 @@ def _codes(rows: pd.DataFrame, columns: list[str]) -> np.ndarray:
         codes, uniques = pd.factorize(rows[column])
         null |= codes < 0
         combined = combined * (len(uniques) + 1) + codes + 1
-        combined = np.unique(combined, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        combined = pd.factorize(combined)[0].astype(np.int64)  # no sort, unlike np.unique
     combined[null] = -1
     return combined
 
@@ -180,7 +180,9 @@ def _first_of_each(group: np.ndarray, rank: np.ndarray) -> np.ndarray:
 
 def _runs(keys: np.ndarray, values: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """``values`` split where the sorted ``keys`` change: (key, its values) per run."""
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else keys
+    if not len(keys):
+        return []
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     return [(int(keys[s]), part) for s, part in zip(starts, np.split(values, starts[1:]),
                                                      strict=True)]
 
