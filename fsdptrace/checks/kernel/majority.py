@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from fsdptrace.checks.kernel.columns import fold
+from fsdptrace.checks.kernel.rank_runs import value_codes
+
 # Added to each row returned by ``against_majority``.
 COLUMNS = ["reference", "reference_rank", "num_agree", "num_ranks", "tied", "reference_ranks",
            "sides"]
@@ -158,15 +161,14 @@ class _Sides:
 
 
 def _codes(rows: pd.DataFrame, columns: list[str]) -> np.ndarray:
-    """One integer per distinct combination of ``columns``' values, -1 where one is null."""
-    combined = np.zeros(len(rows), dtype=np.int64)
-    null = np.zeros(len(rows), dtype=bool)
-    for column in columns:
-        codes, uniques = pd.factorize(rows[column])
-        null |= codes < 0
-        combined = combined * (len(uniques) + 1) + codes + 1
-        combined = pd.factorize(combined)[0].astype(np.int64)  # no sort, unlike np.unique
-    combined[null] = -1
+    """One integer per distinct combination of ``columns``' values, numbered from 0 in the
+    order they first appear; -1 where one is null."""
+    codes = [value_codes(rows[c]) for c in columns]
+    (key,) = fold([[c] for c in codes])
+    combined = pd.factorize(key)[0].astype(np.int64)
+    for column, code in zip(columns, codes, strict=True):
+        if rows[column].dtype.kind not in "ib":  # a signed integer's -1 is a value
+            combined[code < 0] = -1
     return combined
 
 
