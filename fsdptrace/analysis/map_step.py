@@ -149,8 +149,9 @@ def read_batches(run_dir: Path, ranks: list[int], tables: Iterable[str], *,
     batch: list[tuple[int, dict[str, pa.Table]]] = []
     rows = 0
     for rank in ranks:
-        arrow = {t: reader.read_rank(run_dir, t, rank, highest_rank=highest_rank)
-                 for t in tables}
+        journal = reader.rank_journal(run_dir, rank)
+        arrow = {t: reader.read_rank(run_dir, t, rank, highest_rank=highest_rank,
+                                     journal=journal) for t in tables}
         batch.append((rank, arrow))
         rows += sum(table.num_rows for table in arrow.values())
         if rows >= BATCH_ROWS or len(batch) >= BATCH_RANKS:

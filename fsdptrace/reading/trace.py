@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,9 +175,10 @@ def to_frame(data: pa.Table) -> pd.DataFrame:
     return data.to_pandas()
 
 
-def read_frame(run_dir: Path, table: str, ranks: Iterable[int]) -> pd.DataFrame:
+def read_frame(run_dir: Path, table: str, ranks: Iterable[int],
+               journals: Mapping[int, reader.RankJournal] | None = None) -> pd.DataFrame:
     """One table of some ranks, as ``load`` would hold it (the reduce step needs no more)."""
-    return to_frame(reader.read_ranks(run_dir, table, ranks))
+    return to_frame(reader.read_ranks(run_dir, table, ranks, journals))
 
 
 def load(run_dir: str | os.PathLike[str], *, ranks: Iterable[int] | None = None) -> Trace:
@@ -185,7 +186,8 @@ def load(run_dir: str | os.PathLike[str], *, ranks: Iterable[int] | None = None)
     path = Path(run_dir)
     reader.check_run_dir(path)
     selected = sorted(ranks) if ranks is not None else reader.discover_ranks(path)
-    tables = {name: read_frame(path, name, selected) for name in TABLE_NAMES}
+    journals = {rank: reader.rank_journal(path, rank) for rank in selected}
+    tables = {name: read_frame(path, name, selected, journals) for name in TABLE_NAMES}
     check_meta(tables["meta"], path)
     stacks = {r: c for r, c in stack_dumps.read_captures(path).items() if r in selected}
     return Trace(run_dir=path, **tables, stacks=stacks)
@@ -219,11 +221,13 @@ class RankByRank:
         parts = {t: _by_rank(frame) for t, frame in self.whole.items()}
         for rank in self.ranks:
             tables = {}
+            journal = reader.rank_journal(self.run_dir, rank)
             for table in TABLE_NAMES:
                 if table in self.whole:
                     tables[table] = parts[table].get(rank, self.whole[table].iloc[:0])
                     continue
-                read = reader.read_rank(self.run_dir, table, rank, highest_rank=highest)
+                read = reader.read_rank(self.run_dir, table, rank, highest_rank=highest,
+                                        journal=journal)
                 tables[table] = (to_frame(reader.concat_ranks([read], table)) if table in kept
                                  else pd.DataFrame())
             yield Trace(run_dir=self.run_dir, **tables)
@@ -234,7 +238,8 @@ def read_rank_by_rank(run_dir: Path, whole: Iterable[str] = ("meta",)) -> RankBy
     tables to read for every rank at once (meta always)."""
     reader.check_run_dir(run_dir)
     ranks = reader.discover_ranks(run_dir)
-    tables = {t: read_frame(run_dir, t, ranks) for t in dict.fromkeys(("meta", *whole))}
+    journals = {rank: reader.rank_journal(run_dir, rank) for rank in ranks}
+    tables = {t: read_frame(run_dir, t, ranks, journals) for t in dict.fromkeys(("meta", *whole))}
     check_meta(tables["meta"], run_dir)
     return RankByRank(run_dir, ranks, tables)
 
