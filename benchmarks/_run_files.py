@@ -26,7 +26,12 @@ from fsdptrace.record.journal import (
 )
 from fsdptrace.record.part_writer import PartWriter
 from fsdptrace.store import journal_hot, journal_read, schema
-from fsdptrace.store.journal_format import FIXED_TABLES, RANGE_PART_FILE, dictionary_columns
+from fsdptrace.store.journal_format import (
+    FIXED_TABLES,
+    JOURNAL_DIR,
+    RANGE_PART_FILE,
+    dictionary_columns,
+)
 from fsdptrace.version import __version__
 
 # Tables the recorder opens before the first step, so their first segment exists even when
@@ -39,7 +44,10 @@ _FRAMED_ROW_BYTES = 64
 
 
 def write_closed(run_dir: Path, rank: int, writer: str, tables: dict[str, pa.Table]) -> None:
-    """One compacted part per table, as ``PartWriter.finish`` leaves a rank that closed."""
+    """One compacted part per table, as ``PartWriter.finish`` leaves a rank that closed, and
+    the rank's journal folder, which a recorder makes at its start and leaves empty."""
+    (run_dir / JOURNAL_DIR / schema.RANK_DIR.format(rank=rank)).mkdir(parents=True,
+                                                                      exist_ok=True)
     for name in schema.TABLES:
         table = tables.get(name, schema.TABLES[name].empty_table())
         directory = run_dir / schema.TABLE_DIR.format(table=name) / schema.RANK_DIR.format(

@@ -36,7 +36,7 @@ import _run_tables
 import numpy as np
 import pyarrow as pa
 
-from fsdptrace.store import schema
+from fsdptrace.store import run_mark, schema
 
 PLANTED_FILE = "planted.json"
 Finding = tuple[str, int, int | None, int | None, str | None, str | None, str | None]
@@ -315,6 +315,7 @@ def generate(run_dir: str | Path, shape: Shape, *, jobs: int = 1,
     plan = plan_for(shape)
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
+    run_mark.mark_run_dir(path)  # a recorder's first act: readers look up hot folders by it
     ranks = [r for r in range(shape.ranks) if r != missing_rank(shape)]
     write = partial(_write, path, shape, plan, segment_bytes)
     if jobs > 1:

@@ -173,12 +173,15 @@ def test_matches_a_real_recording(tiny: tuple[Path, set[tuple]], recordings: Rec
             assert ours[name][2:] == theirs[name][2:], name
             continue
         assert ours[name] == theirs[name], name
-    # A recording also holds its run mark and its (fatal-signal, Flight Recorder) dumps
-    # folder, which a generated run, never launched, does not.
-    launched = {RUN_MARK_FILE, fatal_signals.DUMPS_DIR}
+    # A recording also holds its (fatal-signal, Flight Recorder) dumps folder, which a
+    # generated run, never launched, does not; both hold their run mark.
     assert sorted(p.name for p in generated.iterdir()) == sorted(
-        [*(p.name for p in recorded.iterdir() if p.name not in launched),
+        [*(p.name for p in recorded.iterdir() if p.name != fatal_signals.DUMPS_DIR),
          generate_run.PLANTED_FILE])
+    assert RUN_MARK_FILE in {p.name for p in generated.iterdir()}
+    # A rank that closed leaves its journal folder empty: the reader looks it up per rank.
+    for run_dir in (generated, recorded):
+        assert not any((run_dir / JOURNAL_DIR / "rank=1").iterdir()), run_dir
 
 
 def test_generator_command_line_and_analyze(tmp_path: Path) -> None:
