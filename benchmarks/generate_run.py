@@ -315,7 +315,7 @@ def generate(run_dir: str | Path, shape: Shape, *, jobs: int = 1,
     plan = plan_for(shape)
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
-    run_mark.mark_run_dir(path)  # a recorder's first act: readers look up hot folders by it
+    run_mark.mark_run_dir(path)  # as a recording's writer does: readers name hot folders by it
     ranks = [r for r in range(shape.ranks) if r != missing_rank(shape)]
     write = partial(_write, path, shape, plan, segment_bytes)
     if jobs > 1:

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 import fsdptrace.store.journal_format as jf
 from fsdptrace.store import schema
+from fsdptrace.store.run_mark import RUN_MARK
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 BASE = "wrong-forward-prefetch"  # findings, prefetch edges and all-gathers
@@ -607,8 +608,24 @@ def _fixed_field(name: str, value: int) -> Callable[[Path], None]:
     return change
 
 
+def _journal_folder_loop(run: Path, rng: random.Random) -> None:
+    """A rank's journal folder that is a link to itself: neither a folder nor missing."""
+    folder = run / jf.JOURNAL_DIR / f"rank={rng.randrange(2)}"
+    folder.parent.mkdir(exist_ok=True)
+    folder.symlink_to(folder)
+
+
+def _deep_mark(run: Path, rng: random.Random) -> None:
+    """A run mark of brackets nested too deep for ``json``, read when a rank's journal
+    folder exists (its hot folder is named by the mark's launch id)."""
+    (run / jf.JOURNAL_DIR / f"rank={rng.randrange(2)}").mkdir(parents=True)
+    (run / RUN_MARK).write_text("[" * 4000)
+
+
 # Hostile journal segments: every command reads what a rank left in its journal.
 JOURNAL_CASES: dict[str, tuple[str, Mutation]] = {
+    "journal:folder-symlink-loop": (BASE, _journal_folder_loop),
+    "journal:mark-nested-deep": (BASE, _deep_mark),
     "seg:clean": (BASE, _segment(lambda p: None)),
     "seg:clean-markers": (BASE, _segment(lambda p: None, "markers")),
     "seg:sparse-3GB": (BASE, _segment(_sparse(3 << 30))),

@@ -328,9 +328,9 @@ class RankJournal:
     """Where one rank's journal segments are: the run dir's journal folder and, for a rank
     this host recorded, its private hot folder (``journal_hot``).
 
-    Found once per rank (``rank_journal``), listed anew per table: naming the hot folder
-    resolves the path and reads the run's mark, which reading a rank's tables and scanning
-    its chunks for gaps did 28 times a rank (a quarter of reading a small run).
+    Found once per rank (``rank_journal``) and listed anew per table, also when ``read_rank``
+    lists again: naming the hot folder resolves the path and reads the run's mark, a quarter of
+    reading a small run when each table did it.
     """
 
     cold: Path
@@ -342,6 +342,8 @@ class RankJournal:
         A rank on this host that is still writing (or just died, its writer process not done)
         has its newest bytes in its hot folder: those copies win over the run dir's.
         """
+        if not self.cold.is_dir():  # none yet, or not a folder (a link to itself: ELOOP)
+            return {}
         found = {(w, i): p for w, i, p in journal_read.segments(self.cold, table)}
         if self.hot is not None:
             found.update({(w, i): p for w, i, p in journal_read.segments(self.hot, table)})

@@ -207,6 +207,7 @@ class RankByRank:
     run_dir: Path
     ranks: list[int]  # the ranks on disk, in order
     whole: dict[str, pd.DataFrame]  # the small tables (meta among them), of every rank
+    journals: dict[int, reader.RankJournal] = field(default_factory=dict)  # found once a rank
 
     def whole_trace(self) -> Trace:
         """A ``Trace`` of the small tables of every rank, the other tables empty."""
@@ -221,7 +222,7 @@ class RankByRank:
         parts = {t: _by_rank(frame) for t, frame in self.whole.items()}
         for rank in self.ranks:
             tables = {}
-            journal = reader.rank_journal(self.run_dir, rank)
+            journal = self.journals.get(rank) or reader.rank_journal(self.run_dir, rank)
             for table in TABLE_NAMES:
                 if table in self.whole:
                     tables[table] = parts[table].get(rank, self.whole[table].iloc[:0])
@@ -241,7 +242,7 @@ def read_rank_by_rank(run_dir: Path, whole: Iterable[str] = ("meta",)) -> RankBy
     journals = {rank: reader.rank_journal(run_dir, rank) for rank in ranks}
     tables = {t: read_frame(run_dir, t, ranks, journals) for t in dict.fromkeys(("meta", *whole))}
     check_meta(tables["meta"], run_dir)
-    return RankByRank(run_dir, ranks, tables)
+    return RankByRank(run_dir, ranks, tables, journals)
 
 
 def _by_rank(frame: pd.DataFrame) -> dict[int, pd.DataFrame]:

@@ -76,15 +76,15 @@ def hot_dir(cold: Path, *, create: bool, launch: str | None = None) -> Path | No
     root = hot_root()
     if root is None:
         return None
-    if launch is None:
-        launch = read_launch(cold.parent.parent)
     try:
-        name = os.fsencode(os.path.realpath(cold)) + (b"\0" + launch.encode() if launch else b"")
-        folder = root / hashlib.sha256(name).hexdigest()[:24]
         if create:
             root.mkdir(mode=0o700, exist_ok=True)
         if not is_private(root):
-            return None
+            return None  # first: a reader on another host has no root, and no name to make
+        if launch is None:
+            launch = read_launch(cold.parent.parent)
+        name = os.fsencode(os.path.realpath(cold)) + (b"\0" + launch.encode() if launch else b"")
+        folder = root / hashlib.sha256(name).hexdigest()[:24]
         if create:
             folder.mkdir(mode=0o700, exist_ok=True)
         return folder if is_private(folder) else None

@@ -50,7 +50,7 @@ def read_launch(run_dir: Path) -> str | None:
         return None
     try:
         mark = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: brackets nested a thousand deep
         return None
     if not isinstance(mark, dict) or mark.get("format") != MARK_FORMAT:
         return None
