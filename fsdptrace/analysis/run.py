@@ -230,10 +230,13 @@ def _analyze_trace(trace: Trace, names: list[str]) -> Analysis:
     return _result(found, [summary], names, run_dir=trace.run_dir, source=trace)
 
 
-def _start_worker() -> None:
-    """A map worker: its parent warns of skipped chunks; it keeps freed memory for reuse."""
+def _start_worker(string_storage: str) -> None:
+    """A map worker: its parent warns of skipped chunks; it keeps freed memory for reuse, and
+    its parent's pandas text storage (the command line's, ``fsdptrace_cli.strings``), which a
+    worker started without fork (Python 3.14's default) would not have."""
     chunk_gaps.quiet()
     heap.keep_freed_memory()
+    pd.set_option("mode.string_storage", string_storage)
 
 
 def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
@@ -252,7 +255,8 @@ def _map_ranks(run_dir: Path, ranks: list[int], names: list[str], jobs: int,
                 progress(done, len(ranks))
         return summaries
     by_piece: dict[int, list[RankSummary]] = {}
-    with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker,
+                             initargs=(pd.get_option("mode.string_storage"),)) as pool:
         futures = {pool.submit(map_ranks, run_dir, piece, names, highest_rank=highest): i
                    for i, piece in enumerate(pieces)}
         for future in as_completed(futures):  # progress as pieces finish, in any order

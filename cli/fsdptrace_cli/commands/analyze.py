@@ -9,6 +9,7 @@ import click
 
 from fsdptrace_cli.exit_codes import for_analysis
 from fsdptrace_cli.progress import rank_progress
+from fsdptrace_cli.strings import python_strings
 
 if TYPE_CHECKING:
     from fsdptrace.render.formats import Renderer
@@ -23,6 +24,7 @@ JOBS = click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
                          "one alone for a small run dir].")
 
 
+@python_strings()
 def run_analysis(run_dir: Path, *, fmt: str, output: Path | str | None,
                  checks: tuple[str, ...] = (), fail_on: str = "error", jobs: int | None = None,
                  scheduler: str | None = None, renderer: Renderer | None = None) -> int:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from fsdptrace_cli.strings import python_strings
+
 FORMATS = ("text", "json", "markdown")
 
 
@@ -19,6 +21,7 @@ FORMATS = ("text", "json", "markdown")
               help="Compare the first complete micro-step within these optimizer steps "
                    "(e.g. 1, 2:4) [default: the first complete micro-step].")
 @click.pass_context
+@python_strings()
 def command(ctx: click.Context, run_a: Path, run_b: Path, fmt: str, steps: str | None) -> None:
     """Compare RUN_B with RUN_A, a run of the same model that worked: units added, removed or
     renamed, each phase's first order difference, prefetch edges, settings, findings that

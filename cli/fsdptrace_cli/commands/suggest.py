@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from fsdptrace_cli.strings import python_strings
+
 FORMATS = ("text", "json")  # ``fsdptrace.render.formats.SUGGEST_FORMATS``
 
 
@@ -16,6 +18,7 @@ FORMATS = ("text", "json")  # ``fsdptrace.render.formats.SUGGEST_FORMATS``
               help="Variable name of the model in the printed calls.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text",
               show_default=True, help="Output format (json: see the README for its shape).")
+@python_strings()
 def command(run_dir: Path, model: str, fmt: str) -> None:
     """Print the FSDP2 prefetch calls that match the order units ran in (each unit
     prefetches the next one of its phase), and what to add, remove or keep against the

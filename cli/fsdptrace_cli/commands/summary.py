@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from fsdptrace_cli.strings import python_strings
+
 FORMATS = ("text", "json")  # ``fsdptrace.render.formats.SUMMARY_FORMATS``
 
 
@@ -13,6 +15,7 @@ FORMATS = ("text", "json")  # ``fsdptrace.render.formats.SUMMARY_FORMATS``
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text",
               show_default=True, help="Output format (json: see the README for its shape).")
+@python_strings()
 def command(run_dir: Path, fmt: str) -> None:
     """Ranks, world size, steps and micro-steps, units, events, time span, and whether each
     rank closed cleanly.
