@@ -4,6 +4,9 @@ the command found it (a test process or a notebook that runs a command keeps its
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -70,3 +73,35 @@ def test_an_analysis_command_runs_with_python_text(monkeypatch: pytest.MonkeyPat
     assert result.exit_code == 0, result.output
     assert seen == ["python"]
     assert pd.get_option("mode.string_storage") != "python"
+
+
+# A fresh process (the kept frames and dtypes are made by whoever comes first): a command run
+# through click, then the library on the same run dir.
+_COMMAND_THEN_LIBRARY = """
+import json, sys
+import pandas as pd
+from click.testing import CliRunner
+from fsdptrace_cli.main import cli
+import fsdptrace
+run = sys.argv[1]
+assert CliRunner().invoke(cli, ["analyze", run, "-j", "1"]).exit_code == 1
+storages = {}
+for frame in (fsdptrace.analyze(run, jobs=1).findings, fsdptrace.analyze(run, jobs=1,
+              checks=["stalled-rank"]).findings):
+    for name, dtype in frame.dtypes.items():
+        if isinstance(dtype, pd.StringDtype):
+            storages.setdefault(name, set()).add(dtype.storage)
+print(json.dumps({name: sorted(kept) for name, kept in storages.items()}))
+"""
+
+
+def test_the_library_after_a_command_holds_pandas_default_text() -> None:
+    """The findings frames and dtypes kept across calls follow the storage of each call: a
+    notebook that ran a command keeps getting pandas' own from ``fsdptrace.analyze``."""
+    result = subprocess.run([sys.executable, "-c", _COMMAND_THEN_LIBRARY,
+                             str(SAMPLES / "rank-divergence")],
+                            capture_output=True, text=True, timeout=120, check=True)
+    storages = json.loads(result.stdout)
+    default = pd.Series([], dtype="string").dtype.storage
+    assert {"check", "message", "unit"} <= set(storages)
+    assert all(kept == [default] for kept in storages.values()), storages

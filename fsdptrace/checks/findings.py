@@ -6,12 +6,13 @@ quotes as their own nullable columns (``FIGURES``), so scripts need not parse me
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pandas as pd
 
-from fsdptrace.checks.kernel.columns import empty_frame
+from fsdptrace.checks.kernel.columns import empty_frame, text_storage
 
 LOCATION = ["check", "severity", "rank", "step", "micro_step", "phase", "unit", "target"]
 # position: the index in the order the message names (check 1: the source's first call; 4, 7:
@@ -42,10 +43,18 @@ _DTYPES = {
     "parameters": "string",
 }
 
-# As instances: ``dtype == "string"`` also holds for pandas' NaN-valued ``str`` dtype.
-_RESOLVED = {c: pd.Series([], dtype=d).dtype for c, d in _DTYPES.items()}
-_RESOLVED_IN_ORDER = [_RESOLVED[c] for c in COLUMNS]
 _EMPTY_DTYPES = {c: _DTYPES[c] for c in COLUMNS}
+
+
+def _resolved() -> dict[str, Any]:
+    """``_DTYPES`` as instances (``dtype == "string"`` also holds for pandas' NaN-valued
+    ``str`` dtype), for the text storage now (``columns.text_storage``)."""
+    return _resolved_for(text_storage())
+
+
+@functools.cache
+def _resolved_for(storage: str) -> dict[str, Any]:
+    return {c: pd.Series([], dtype=d).dtype for c, d in _DTYPES.items()}
 
 def empty() -> pd.DataFrame:
     """No findings, with the right columns and dtypes.
@@ -62,9 +71,10 @@ def make(check: str, severity: str, rows: pd.DataFrame, message: Iterable[str]) 
     messages; columns it lacks stay null."""
     given: dict[str, Any] = {c: rows[c].reset_index(drop=True)
                              for c in [*LOCATION[2:], *FIGURES] if c in rows}
-    given["check"] = pd.array([check] * len(rows), dtype=_RESOLVED["check"])
-    given["severity"] = pd.array([severity] * len(rows), dtype=_RESOLVED["severity"])
-    given["message"] = pd.array(list(message), dtype=_RESOLVED["message"])
+    resolved = _resolved()
+    given["check"] = pd.array([check] * len(rows), dtype=resolved["check"])
+    given["severity"] = pd.array([severity] * len(rows), dtype=resolved["severity"])
+    given["message"] = pd.array(list(message), dtype=resolved["message"])
     return _typed(given, pd.RangeIndex(len(rows)))
 
 
@@ -83,12 +93,13 @@ def _typed(given: Mapping[str, Any], index: pd.Index) -> pd.DataFrame:
     """``COLUMNS`` from ``given`` (a frame or its columns by name, in ``index``'s order), each
     cast to its declared dtype; a column not given is null."""
     out = {}
+    resolved = _resolved()
     for column in COLUMNS:
         if column not in given:
-            out[column] = pd.array([None] * len(index), dtype=_RESOLVED[column])
+            out[column] = pd.array([None] * len(index), dtype=resolved[column])
             continue
         values = given[column]
-        if values.dtype == _RESOLVED[column]:  # already normalized (combine's inputs)
+        if values.dtype == resolved[column]:  # already normalized (combine's inputs)
             out[column] = values
             continue
         if isinstance(values.dtype, pd.CategoricalDtype):
@@ -114,7 +125,8 @@ def combine(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
 
 def _is_normal(frame: pd.DataFrame) -> bool:
     """``COLUMNS`` in order, each of its declared dtype (what ``normalize`` returns)."""
-    return list(frame.columns) == COLUMNS and list(frame.dtypes) == _RESOLVED_IN_ORDER
+    resolved = _resolved()
+    return list(frame.columns) == COLUMNS and list(frame.dtypes) == [resolved[c] for c in COLUMNS]
 
 
 def _ordered(merged: pd.DataFrame) -> list[int]:

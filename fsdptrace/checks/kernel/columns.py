@@ -232,11 +232,22 @@ def distinct_ranks(rank: np.ndarray) -> list[int]:
 
 def empty_frame(dtypes: dict[str, str]) -> pd.DataFrame:
     """A frame of no rows with ``dtypes``'s columns, in its order. Built once per set of
-    columns and copied: building one costs about 1.2 ms and a copy 0.05, and a check's
-    summary of a rank without rows, or of no rank, asks for one on every analysis."""
-    return _empty_frame(tuple(dtypes.items())).copy()
+    columns (and text storage) and copied: building one costs about 1.2 ms and a copy 0.05,
+    and a check's summary of a rank without rows, or of no rank, asks for one on every
+    analysis."""
+    return _empty_frame(tuple(dtypes.items()), text_storage()).copy()
 
 
 @functools.cache
-def _empty_frame(dtypes: tuple[tuple[str, str], ...]) -> pd.DataFrame:
+def _empty_frame(dtypes: tuple[tuple[str, str], ...], storage: str) -> pd.DataFrame:
     return pd.DataFrame(columns=[name for name, _ in dtypes]).astype(dict(dtypes))
+
+
+def text_storage() -> str:
+    """pandas' ``mode.string_storage`` now: what a ``"string"`` or ``"str"`` column is made of.
+
+    Part of the key of every frame or dtype kept across calls: the command line sets it to
+    ``python`` while a command runs (``fsdptrace_cli.strings``), and a process that runs a
+    command and then calls the library (a test, a notebook) must get pandas' default back,
+    not a frame kept from inside the command."""
+    return str(pd.get_option("mode.string_storage"))

@@ -21,7 +21,7 @@ import functools
 import numpy as np
 import pandas as pd
 
-from fsdptrace.checks.kernel.columns import empty_frame, fold
+from fsdptrace.checks.kernel.columns import empty_frame, fold, text_storage
 from fsdptrace.checks.kernel.order import unit_sets as unit_sets_of
 
 RUN_COLUMNS = ["first_rank", "last_rank", "num_ranks"]
@@ -68,12 +68,12 @@ def code(rows: pd.DataFrame, unit_sets: pd.DataFrame, keys: list[str], values: l
 def no_runs(dtypes: dict[str, str], keys: list[str], values: list[str]) -> pd.DataFrame:
     """``code`` of no rows (``dtypes``: the rows' columns), as a check's summary of a rank
     without any: built once per shape and copied (building costs ~2 ms, a copy ~0.1)."""
-    return _no_runs(tuple(dtypes.items()), tuple(keys), tuple(values)).copy()
+    return _no_runs(tuple(dtypes.items()), tuple(keys), tuple(values), text_storage()).copy()
 
 
 @functools.cache
 def _no_runs(dtypes: tuple[tuple[str, str], ...], keys: tuple[str, ...],
-             values: tuple[str, ...]) -> pd.DataFrame:
+             values: tuple[str, ...], storage: str) -> pd.DataFrame:
     return code(empty_frame(dict(dtypes)), unit_sets_of(pd.DataFrame()), list(keys), list(values))
 
 
