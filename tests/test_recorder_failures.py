@@ -14,6 +14,7 @@ the hot folder only.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -59,6 +60,14 @@ def _cold(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> fsdptrace.Trace:
 def _counts(markers: pd.DataFrame, rank: int) -> dict[str, int]:
     mine = markers[markers["rank"] == rank]
     return mine["kind"].astype(str).value_counts().to_dict()
+
+
+def _hold(folder: Path) -> int:
+    """A shared lock on a hot folder's owner file, as its rank and writers hold: no sweep
+    settles the folder while the descriptor is open."""
+    fd = os.open(folder / journal_hot.OWNER_FILE, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
 
 
 def _hot_folders(run_dir: Path, launch: str | None) -> list[Path]:
@@ -112,12 +121,19 @@ def test_a_job_killed_with_its_writers_leaves_nothing_a_rerun_reads(
     run_dir = tmp_path / "run"
     procs = start_ranks([SCRIPT, "--run-dir", str(run_dir), "--case", "hang"])
     reports = [tmp_path / f"hang.rank{r}.json" for r in (0, 1)]
+    held: list[int] = []
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while not all(p.exists() for p in reports):
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
             time.sleep(0.2)
         writers = [pid for p in reports for pid in json.loads(p.read_text())["writers"]]
+        killed = _hot_folders(run_dir, read_launch(run_dir))
+        # Until the rm -rf is done no sweep may settle the killed folders: any writer process
+        # starting on this host sweeps (another test's, under xdist), and one that settled
+        # them into the run dir while rm ran made rm fail, "Directory not empty" (CI, once).
+        # A shared lock, taken while the job lives, keeps every sweep off, as a live rank's.
+        held = [_hold(folder) for folder in killed if folder is not None]
         # As a cgroup kill: the ranks are stopped first, or one of them could replace its
         # killed writer before its own kill, and the replacement (its child, which kill_all
         # does not reach) empties the hot folder into the run dir (seen once in CI).
@@ -127,9 +143,13 @@ def test_a_job_killed_with_its_writers_leaves_nothing_a_rerun_reads(
             os.kill(pid, signal.SIGKILL)
     finally:
         kill_all(procs)
-    killed = _hot_folders(run_dir, read_launch(run_dir))
-    assert all(folder is not None and journal_hot.segment_files(folder) for folder in killed)
-    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    try:
+        assert all(folder is not None and journal_hot.segment_files(folder)
+                   for folder in killed)
+        subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    finally:
+        for fd in held:
+            os.close(fd)
     _run(run_dir, "clean")
     trace = fsdptrace.load(run_dir)  # on this host: the hot folders are looked at too
     assert trace.events.groupby("rank").size().to_dict() == {
