@@ -2,8 +2,8 @@
 
 pandas 3 stores every column of text it makes (and every column label) as an Arrow string
 array by default. The analyzer makes thousands of small frames and series an analysis, and
-each operation on Arrow-backed text pays a conversion or an Arrow compute call: a fifth to a
-third of a small run's analysis (0.77-0.83x the CPU with Python storage, the hostile corpus's
+each operation on Arrow-backed text pays a conversion or an Arrow compute call: about a fifth
+of a small run's analysis (0.77-0.83x the CPU with Python storage, the hostile corpus's
 commands; benchmarks/README.md, "pandas' text storage in the command line"). The values,
 their order and every output are the same either way (compared byte for byte on every
 command and ~100 run dirs).
